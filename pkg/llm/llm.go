@@ -1,0 +1,187 @@
+// Package llm is Bulwark's own provider-neutral model of a chat request and
+// its answer, and the closed classification of provider failures that the
+// key pool, breaker, fallback, retries and metrics all consume.
+//
+// Provider adapters (pkg/provider/...) translate between this model and each
+// provider's wire format; nothing outside them knows a wire format.
+package llm
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	"bulwark/pkg/secret"
+)
+
+// Provider names a provider family. The closed set is ProviderClaude and
+// ProviderOpenAI.
+type Provider string
+
+const (
+	ProviderClaude Provider = "claude"
+	ProviderOpenAI Provider = "openai"
+)
+
+// Valid reports whether p is a known provider.
+func (p Provider) Valid() bool { return p == ProviderClaude || p == ProviderOpenAI }
+
+// Route is a (provider, model tier) pair, e.g. claude/sonnet.
+type Route struct {
+	Provider Provider `json:"provider"`
+	Tier     string   `json:"model_tier"`
+}
+
+// String returns "provider/tier".
+func (r Route) String() string { return string(r.Provider) + "/" + r.Tier }
+
+// Role of a message author.
+type Role string
+
+const (
+	RoleUser      Role = "user"
+	RoleAssistant Role = "assistant"
+)
+
+// BlockType says what a content block holds.
+type BlockType string
+
+const (
+	BlockText       BlockType = "text"
+	BlockToolUse    BlockType = "tool_use"
+	BlockToolResult BlockType = "tool_result"
+)
+
+// Block is one piece of message content.
+//
+// A tool_use block (assistant) carries ToolUseID, ToolName and Input (a JSON
+// object). A tool_result block (user) carries ToolUseID, the result Text and
+// IsError.
+type Block struct {
+	Type      BlockType       `json:"type"`
+	Text      string          `json:"text,omitempty"`
+	ToolUseID string          `json:"tool_use_id,omitempty"`
+	ToolName  string          `json:"tool_name,omitempty"`
+	Input     json.RawMessage `json:"input,omitempty"`
+	IsError   bool            `json:"is_error,omitempty"`
+}
+
+// Message is one turn of the conversation.
+type Message struct {
+	Role    Role    `json:"role"`
+	Content []Block `json:"content"`
+}
+
+// Text returns the concatenated text blocks of m.
+func (m Message) Text() string {
+	var s string
+	for _, b := range m.Content {
+		if b.Type == BlockText {
+			s += b.Text
+		}
+	}
+	return s
+}
+
+// Tool is a function the model may call; InputSchema is a JSON Schema
+// object.
+type Tool struct {
+	Name        string          `json:"name"`
+	Description string          `json:"description,omitempty"`
+	InputSchema json.RawMessage `json:"input_schema"`
+}
+
+// ToolChoiceMode says whether and how the model must call a tool.
+type ToolChoiceMode string
+
+const (
+	ToolChoiceAuto ToolChoiceMode = "auto" // the model decides (default)
+	ToolChoiceAny  ToolChoiceMode = "any"  // some tool must be called
+	ToolChoiceTool ToolChoiceMode = "tool" // the named tool must be called
+	ToolChoiceNone ToolChoiceMode = "none" // no tool may be called
+)
+
+// ToolChoice constrains tool use. The zero value means auto.
+type ToolChoice struct {
+	Mode ToolChoiceMode `json:"mode,omitempty"`
+	Name string         `json:"name,omitempty"`
+}
+
+// Request is one chat completion request in provider-neutral form.
+type Request struct {
+	// Model is the provider's concrete model name (e.g. "claude-sonnet-4-5"),
+	// filled from the tier's configuration just before the call.
+	Model         string      `json:"model,omitempty"`
+	System        string      `json:"system,omitempty"`
+	Messages      []Message   `json:"messages"`
+	MaxTokens     int         `json:"max_tokens"`
+	Temperature   *float64    `json:"temperature,omitempty"`
+	StopSequences []string    `json:"stop_sequences,omitempty"`
+	Tools         []Tool      `json:"tools,omitempty"`
+	ToolChoice    *ToolChoice `json:"tool_choice,omitempty"`
+}
+
+// StopReason says why the model stopped, in Anthropic's vocabulary (OpenAI's
+// finish_reason maps onto it: stop→end_turn, length→max_tokens,
+// tool_calls→tool_use).
+type StopReason string
+
+const (
+	StopEndTurn      StopReason = "end_turn"
+	StopMaxTokens    StopReason = "max_tokens"
+	StopToolUse      StopReason = "tool_use"
+	StopStopSequence StopReason = "stop_sequence"
+	StopRefusal      StopReason = "refusal"
+)
+
+// Usage counts tokens of one call.
+type Usage struct {
+	InputTokens  int `json:"input_tokens"`
+	OutputTokens int `json:"output_tokens"`
+}
+
+// Total returns input plus output tokens.
+func (u Usage) Total() int { return u.InputTokens + u.OutputTokens }
+
+// Response is a provider's answer in provider-neutral form.
+type Response struct {
+	ID         string     `json:"id,omitempty"`
+	Model      string     `json:"model,omitempty"`
+	Content    []Block    `json:"content"`
+	StopReason StopReason `json:"stop_reason"`
+	Usage      Usage      `json:"usage"`
+}
+
+// Text returns the concatenated text blocks of the answer.
+func (r *Response) Text() string {
+	return Message{Content: r.Content}.Text()
+}
+
+// RateLimit is what a provider said about a key's remaining capacity, read
+// from its response headers. A zero field means the provider did not say.
+type RateLimit struct {
+	RequestsLimit     int       `json:"requests_limit,omitempty"`
+	RequestsRemaining int       `json:"requests_remaining,omitempty"`
+	RequestsReset     time.Time `json:"requests_reset,omitzero"`
+	TokensLimit       int       `json:"tokens_limit,omitempty"`
+	TokensRemaining   int       `json:"tokens_remaining,omitempty"`
+	TokensReset       time.Time `json:"tokens_reset,omitzero"`
+	// Known reports whether any header was present at all.
+	Known bool `json:"known,omitempty"`
+}
+
+// Result is a successful call.
+type Result struct {
+	Response  *Response
+	RateLimit RateLimit
+	Latency   time.Duration
+}
+
+// Client is one provider's adapter. Implementations do not retry: retrying,
+// key choice and fallback are Bulwark's. They are safe for concurrent use.
+type Client interface {
+	// Provider returns the provider this client talks to.
+	Provider() Provider
+	// Complete sends req with apiKey. A failure is an *Error (errors.As).
+	Complete(ctx context.Context, apiKey secret.String, req *Request) (*Result, error)
+}
