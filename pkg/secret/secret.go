@@ -58,3 +58,10 @@ func (String) MarshalText() ([]byte, error) { return []byte(redacted), nil }
 
 // LogValue implements slog.LogValuer.
 func (String) LogValue() slog.Value { return slog.StringValue(redacted) }
+
+// UnmarshalText implements encoding.TextUnmarshaler, so configuration files
+// decode straight into a secret.
+func (s *String) UnmarshalText(b []byte) error {
+	s.v = string(b)
+	return nil
+}

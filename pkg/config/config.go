@@ -1,0 +1,323 @@
+// Package config loads Bulwark's one configuration file, config.yaml, into
+// typed structs shared by the api, worker and scheduler processes.
+//
+// Environment variables expand in every value: ${VAR} (an error naming the
+// field when VAR is unset) or ${VAR:-default}. Unknown keys are rejected.
+// Zero values mean the documented defaults; Load applies them and then
+// validates, and every validation error names the field. No error message
+// ever contains a secret's value.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"bulwark/pkg/llm"
+	"bulwark/pkg/priority"
+	"bulwark/pkg/secret"
+)
+
+// EnvFile names the environment variable that points every process at
+// another configuration file.
+const EnvFile = "BULWARK_CONFIG"
+
+// DefaultFile is the configuration file used when BULWARK_CONFIG is unset.
+const DefaultFile = "config.yaml"
+
+// Config is the whole configuration.
+type Config struct {
+	Server    Server                       `yaml:"server"`
+	Redis     Redis                        `yaml:"redis"`
+	Postgres  Postgres                     `yaml:"postgres"`
+	Worker    Worker                       `yaml:"worker"`
+	Log       Log                          `yaml:"log"`
+	Providers map[llm.Provider]ProviderCfg `yaml:"providers"`
+	Keys      []Key                        `yaml:"keys"`
+	// Fallback maps a route ("claude/sonnet") to its equivalent route of the
+	// other provider ("openai/gpt4o").
+	Fallback map[string]string `yaml:"fallback"`
+	// Models maps model names a client may send on the compat endpoints
+	// ("gpt-4o", "claude-sonnet-4-5") to routes. "provider/tier" names are
+	// always accepted, and each tier's concrete model name maps to its route.
+	Models  map[string]string `yaml:"models"`
+	Queue   Queue             `yaml:"queue"`
+	Cache   Cache             `yaml:"cache"`
+	Breaker Breaker           `yaml:"breaker"`
+	Tenants []Tenant          `yaml:"tenants"`
+	Alerts  Alerts            `yaml:"alerts"`
+	Report  Report            `yaml:"report"`
+	// Prices in USD per million tokens, by route ("claude/sonnet").
+	Prices map[string]Price `yaml:"prices"`
+}
+
+// Server configures the API process.
+type Server struct {
+	// Listen is the API address. Default 127.0.0.1:8080.
+	Listen string `yaml:"listen"`
+	// AdminToken guards /admin/... . Required.
+	AdminToken secret.String `yaml:"admin_token"`
+	// MaxBodyBytes caps a request body. Default 1 MiB.
+	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+	// MaxPromptChars caps system prompt plus message text. Default 200,000.
+	MaxPromptChars int `yaml:"max_prompt_chars"`
+	// MaxTokensLimit caps max_tokens. Default 32,000.
+	MaxTokensLimit int `yaml:"max_tokens_limit"`
+	// DefaultMaxTokens is used when a request gives none. Default 1,024.
+	DefaultMaxTokens int `yaml:"default_max_tokens"`
+	// SyncTimeout is how long the compat endpoints wait for an answer
+	// before replying 429 with the request id. Default 60s.
+	SyncTimeout time.Duration `yaml:"sync_timeout"`
+	// ResultTTL is how long a finished request's live record and events are
+	// kept in Redis; the history row in PostgreSQL stays. Default 24h.
+	ResultTTL time.Duration `yaml:"result_ttl"`
+	// ShutdownTimeout bounds the graceful HTTP shutdown. Default 10s.
+	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+}
+
+// Redis locates the Redis server.
+type Redis struct {
+	// Addr is host:port. Default 127.0.0.1:16379.
+	Addr     string        `yaml:"addr"`
+	DB       int           `yaml:"db"`
+	Password secret.String `yaml:"password"`
+	// Prefix namespaces Bulwark's own keys (not asynq's). Default "bulwark:".
+	Prefix string `yaml:"prefix"`
+}
+
+// Postgres locates PostgreSQL.
+type Postgres struct {
+	// DSN is a libpq URL. It may carry a password: it is never logged.
+	DSN secret.String `yaml:"dsn"`
+	// MaxConns of the pool. Default 10.
+	MaxConns int32 `yaml:"max_conns"`
+}
+
+// Worker configures the worker process.
+type Worker struct {
+	// Concurrency is the number of tasks one worker process handles at once
+	// (asynq goroutines). Default 32.
+	Concurrency int `yaml:"concurrency"`
+	// MetricsListen serves /metrics of the worker. Default 127.0.0.1:9091;
+	// "off" disables it.
+	MetricsListen string `yaml:"metrics_listen"`
+	// TaskCheckInterval is asynq's poll interval for new tasks. Default 20ms
+	// (asynq's 1s default adds up to a second of latency; see DESIGN.md).
+	TaskCheckInterval time.Duration `yaml:"task_check_interval"`
+	// DelayedTaskCheckInterval moves delayed/retried tasks to pending.
+	// Default 100ms, so a 1–2 s Retry-After is waited out accurately.
+	DelayedTaskCheckInterval time.Duration `yaml:"delayed_task_check_interval"`
+	// ShutdownTimeout lets running calls finish on SIGTERM. Default 25s,
+	// below a typical 30s kill grace period.
+	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+	// MaxAttempts bounds provider attempts of one request (429 waits do not
+	// count). Default 8.
+	MaxAttempts int `yaml:"max_attempts"`
+}
+
+// Log configures logging.
+type Log struct {
+	// Format is "json" (default) or "text".
+	Format string `yaml:"format"`
+	// Level is debug, info (default), warn or error.
+	Level string `yaml:"level"`
+}
+
+// ProviderCfg configures one provider's endpoint and tiers.
+type ProviderCfg struct {
+	// BaseURL of the API (proxies and gateways welcome). Required.
+	BaseURL string `yaml:"base_url"`
+	// Timeout of one call. Default 120s.
+	Timeout time.Duration `yaml:"timeout"`
+	// Tiers maps a tier name ("sonnet") to the provider's model name.
+	Tiers map[string]string `yaml:"tiers"`
+}
+
+// Key is one provider key of the pool (design document 5.3).
+type Key struct {
+	ID        string        `yaml:"id"`
+	Provider  llm.Provider  `yaml:"provider"`
+	ModelTier string        `yaml:"model_tier"`
+	APIKey    secret.String `yaml:"api_key"`
+	RPMLimit  int           `yaml:"rpm_limit"`
+	TPMLimit  int           `yaml:"tpm_limit"`
+	// MaxInFlight limits concurrent calls on this key; 0 = no limit.
+	MaxInFlight int `yaml:"max_in_flight"`
+}
+
+// Queue configures layer 2 (design document 4.2).
+type Queue struct {
+	// MaxConcurrentLLMCalls is the global limit of provider calls in flight
+	// across all workers. Default 20.
+	MaxConcurrentLLMCalls int `yaml:"max_concurrent_llm_calls"`
+	// Reserved slots per priority. Default critical 5, high 10, normal 4, low 1.
+	Reserved map[priority.Priority]int `yaml:"reserved"`
+	// Weights of the asynq queues. Default critical 6, high 3, normal 2, low 1.
+	Weights map[priority.Priority]int `yaml:"weights"`
+	// StrictPriority empties higher queues first, ignoring Weights.
+	StrictPriority bool `yaml:"strict_priority"`
+	// MaxWait is how long a request may wait before it fails. Default 300s.
+	MaxWait time.Duration `yaml:"queue_max_wait"`
+	// MaxDepth is the admission limit of queued requests. Default 200.
+	MaxDepth int `yaml:"queue_max_depth"`
+	// SlotLease is how long a global slot survives a dead worker. Default 3m.
+	SlotLease time.Duration `yaml:"slot_lease"`
+}
+
+// Cache configures layer 1.
+type Cache struct {
+	// Enabled turns the semantic cache on. Default true.
+	Enabled *bool `yaml:"enabled"`
+	// Threshold is the cosine similarity of a semantic hit. Default 0.95.
+	Threshold float64 `yaml:"threshold"`
+	// TTL per cache layer. Default router 24h, agent 4h, synthesizer 2h.
+	TTL map[string]time.Duration `yaml:"ttl"`
+	// DefaultLayer when a request names none. Default "agent".
+	DefaultLayer string `yaml:"default_layer"`
+	// TenantIsolation keeps tenants' entries apart. Default true.
+	TenantIsolation *bool `yaml:"tenant_isolation"`
+	// ProtectedPatterns are regular expressions whose matches must be equal
+	// in both prompts for a semantic hit. Default: DTCs, ECU ids, versions.
+	ProtectedPatterns []string `yaml:"protected_patterns"`
+	// Embedder: "local" (default, no network) or "openai" (any compatible
+	// /v1/embeddings endpoint).
+	Embedder Embedder `yaml:"embedder"`
+}
+
+// Embedder configures the embedding model.
+type Embedder struct {
+	Kind    string        `yaml:"kind"`
+	BaseURL string        `yaml:"base_url"`
+	Model   string        `yaml:"model"`
+	Dims    int           `yaml:"dims"`
+	APIKey  secret.String `yaml:"api_key"`
+}
+
+// Breaker configures layer 5 (design document 7.2).
+type Breaker struct {
+	// FailureThreshold consecutive 429s open a breaker. Default 3.
+	FailureThreshold int `yaml:"failure_threshold"`
+	// OpenDuration a breaker stays open. Default 60s.
+	OpenDuration time.Duration `yaml:"open_duration"`
+	// HalfOpenMaxCalls probes at a time in half-open. Default 1.
+	HalfOpenMaxCalls int `yaml:"half_open_max_calls"`
+	// SuccessThreshold probe successes close it. Default 2.
+	SuccessThreshold int `yaml:"success_threshold"`
+}
+
+// Tenant is a client of Bulwark.
+type Tenant struct {
+	Name string `yaml:"name"`
+	// Token is the client token in clear (usually from the environment);
+	// TokenSHA256 its hex SHA-256. Exactly one is required. Only the hash is
+	// kept in memory after loading.
+	Token       secret.String `yaml:"token"`
+	TokenSHA256 string        `yaml:"token_sha256"`
+	// DefaultPriority when a request names none. Default normal.
+	DefaultPriority priority.Priority `yaml:"default_priority"`
+	// MaxPriority is the most urgent priority it may ask for; more urgent
+	// requests are lowered to it. Default high.
+	MaxPriority priority.Priority `yaml:"max_priority"`
+	// RateLimitRPM bounds its submissions per minute; 0 = unlimited.
+	RateLimitRPM int `yaml:"rate_limit_rpm"`
+	// DefaultLayer of the cache for its requests. Default: cache.default_layer.
+	DefaultLayer string `yaml:"default_cache_layer"`
+}
+
+// Alerts configures instant alerts.
+type Alerts struct {
+	WeCom    []Webhook `yaml:"wecom"`
+	DingTalk []Webhook `yaml:"dingtalk"`
+	Generic  []Webhook `yaml:"generic"`
+	// Throttle sends the same alert at most once per period. Default 5m.
+	Throttle time.Duration `yaml:"throttle"`
+	// Language of alert texts: "zh" (default) or "en".
+	Language string `yaml:"language"`
+	// Interval of the scheduler's alert evaluation. Default 30s.
+	Interval time.Duration `yaml:"interval"`
+}
+
+// Webhook is one robot or endpoint. The URL carries a token: it is a secret.
+type Webhook struct {
+	URL    secret.String `yaml:"url"`
+	Secret secret.String `yaml:"secret"`
+}
+
+// Report configures the daily report.
+type Report struct {
+	// At is the local time of day, "HH:MM". Default "08:00".
+	At string `yaml:"at"`
+	// Timezone, e.g. "Asia/Shanghai". Default UTC.
+	Timezone string `yaml:"timezone"`
+	Mail     *Mail  `yaml:"mail"`
+}
+
+// Mail is an SMTP relay for the daily report.
+type Mail struct {
+	Addr     string        `yaml:"addr"`
+	From     string        `yaml:"from"`
+	To       []string      `yaml:"to"`
+	Username string        `yaml:"username"`
+	Password secret.String `yaml:"password"`
+	StartTLS bool          `yaml:"starttls"`
+}
+
+// Price is USD per million tokens.
+type Price struct {
+	Input  float64 `yaml:"input"`
+	Output float64 `yaml:"output"`
+}
+
+// File returns the configuration file to load: $BULWARK_CONFIG or
+// config.yaml.
+func File() string {
+	if f := os.Getenv(EnvFile); f != "" {
+		return f
+	}
+	return DefaultFile
+}
+
+// Load reads, expands, decodes, defaults and validates a file.
+func Load(path string) (*Config, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config: %w", err)
+	}
+	c, err := Parse(b, osLookup)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Parse decodes a configuration document, looking variables up with lookup.
+func Parse(doc []byte, lookup func(string) (string, bool)) (*Config, error) {
+	var root yaml.Node
+	if err := yaml.Unmarshal(doc, &root); err != nil {
+		return nil, fmt.Errorf("parse: %w", err)
+	}
+	if err := expandNode(&root, "", lookup); err != nil {
+		return nil, err
+	}
+	// Re-encode the expanded tree so the strict decoder can reject unknown
+	// keys (yaml.Node.Decode has no KnownFields).
+	expanded, err := yaml.Marshal(&root)
+	if err != nil {
+		return nil, fmt.Errorf("re-encode: %w", err)
+	}
+	var c Config
+	dec := yaml.NewDecoder(bytes.NewReader(expanded))
+	dec.KnownFields(true)
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, errEOF) {
+		return nil, fmt.Errorf("decode: %w", err)
+	}
+	c.setDefaults()
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
+	return &c, nil
+}

@@ -1,0 +1,150 @@
+package config
+
+import (
+	"io"
+	"time"
+
+	"bulwark/pkg/priority"
+)
+
+var errEOF = io.EOF // an empty document decodes to all defaults
+
+// Defaults of the design document; see each field's comment.
+const (
+	ListenDefault                   = "127.0.0.1:8080"
+	MaxBodyBytesDefault             = 1 << 20
+	MaxPromptCharsDefault           = 200_000
+	MaxTokensLimitDefault           = 32_000
+	DefaultMaxTokensDefault         = 1024
+	SyncTimeoutDefault              = 60 * time.Second
+	ResultTTLDefault                = 24 * time.Hour
+	ServerShutdownTimeoutDefault    = 10 * time.Second
+	RedisAddrDefault                = "127.0.0.1:16379"
+	RedisPrefixDefault              = "bulwark:"
+	PGMaxConnsDefault               = 10
+	WorkerConcurrencyDefault        = 32
+	WorkerMetricsListenDefault      = "127.0.0.1:9091"
+	TaskCheckIntervalDefault        = 20 * time.Millisecond
+	DelayedTaskCheckIntervalDefault = 100 * time.Millisecond
+	WorkerShutdownTimeoutDefault    = 25 * time.Second
+	MaxAttemptsDefault              = 8
+	ProviderTimeoutDefault          = 120 * time.Second
+	MaxConcurrentLLMCallsDefault    = 20
+	QueueMaxWaitDefault             = 300 * time.Second
+	QueueMaxDepthDefault            = 200
+	SlotLeaseDefault                = 3 * time.Minute
+	CacheThresholdDefault           = 0.95
+	CacheDefaultLayerDefault        = "agent"
+	BreakerFailureThresholdDefault  = 3
+	BreakerOpenDurationDefault      = 60 * time.Second
+	BreakerHalfOpenMaxCallsDefault  = 1
+	BreakerSuccessThresholdDefault  = 2
+	AlertThrottleDefault            = 5 * time.Minute
+	AlertIntervalDefault            = 30 * time.Second
+	ReportAtDefault                 = "08:00"
+)
+
+// ReservedDefault is the design document's per-priority reserve (4.2).
+var ReservedDefault = map[priority.Priority]int{priority.Critical: 5, priority.High: 10, priority.Normal: 4, priority.Low: 1}
+
+// WeightsDefault are the asynq queue weights.
+var WeightsDefault = map[priority.Priority]int{priority.Critical: 6, priority.High: 3, priority.Normal: 2, priority.Low: 1}
+
+// CacheTTLDefault is the design document's TTL per cache layer.
+var CacheTTLDefault = map[string]time.Duration{"router": 24 * time.Hour, "agent": 4 * time.Hour, "synthesizer": 2 * time.Hour}
+
+func orDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
+}
+
+func (c *Config) setDefaults() {
+	s := &c.Server
+	orDefault(&s.Listen, ListenDefault)
+	orDefault(&s.MaxBodyBytes, MaxBodyBytesDefault)
+	orDefault(&s.MaxPromptChars, MaxPromptCharsDefault)
+	orDefault(&s.MaxTokensLimit, MaxTokensLimitDefault)
+	orDefault(&s.DefaultMaxTokens, DefaultMaxTokensDefault)
+	orDefault(&s.SyncTimeout, SyncTimeoutDefault)
+	orDefault(&s.ResultTTL, ResultTTLDefault)
+	orDefault(&s.ShutdownTimeout, ServerShutdownTimeoutDefault)
+
+	orDefault(&c.Redis.Addr, RedisAddrDefault)
+	orDefault(&c.Redis.Prefix, RedisPrefixDefault)
+	orDefault(&c.Postgres.MaxConns, PGMaxConnsDefault)
+
+	w := &c.Worker
+	orDefault(&w.Concurrency, WorkerConcurrencyDefault)
+	orDefault(&w.MetricsListen, WorkerMetricsListenDefault)
+	orDefault(&w.TaskCheckInterval, TaskCheckIntervalDefault)
+	orDefault(&w.DelayedTaskCheckInterval, DelayedTaskCheckIntervalDefault)
+	orDefault(&w.ShutdownTimeout, WorkerShutdownTimeoutDefault)
+	orDefault(&w.MaxAttempts, MaxAttemptsDefault)
+
+	orDefault(&c.Log.Format, "json")
+	orDefault(&c.Log.Level, "info")
+
+	for name, p := range c.Providers {
+		orDefault(&p.Timeout, ProviderTimeoutDefault)
+		c.Providers[name] = p
+	}
+
+	q := &c.Queue
+	orDefault(&q.MaxConcurrentLLMCalls, MaxConcurrentLLMCallsDefault)
+	orDefault(&q.MaxWait, QueueMaxWaitDefault)
+	orDefault(&q.MaxDepth, QueueMaxDepthDefault)
+	orDefault(&q.SlotLease, SlotLeaseDefault)
+	q.Reserved = withDefaults(q.Reserved, ReservedDefault)
+	q.Weights = withDefaults(q.Weights, WeightsDefault)
+
+	ca := &c.Cache
+	if ca.Enabled == nil {
+		t := true
+		ca.Enabled = &t
+	}
+	if ca.TenantIsolation == nil {
+		t := true
+		ca.TenantIsolation = &t
+	}
+	orDefault(&ca.Threshold, CacheThresholdDefault)
+	orDefault(&ca.DefaultLayer, CacheDefaultLayerDefault)
+	ca.TTL = withDefaults(ca.TTL, CacheTTLDefault)
+	orDefault(&ca.Embedder.Kind, "local")
+
+	b := &c.Breaker
+	orDefault(&b.FailureThreshold, BreakerFailureThresholdDefault)
+	orDefault(&b.OpenDuration, BreakerOpenDurationDefault)
+	orDefault(&b.HalfOpenMaxCalls, BreakerHalfOpenMaxCallsDefault)
+	orDefault(&b.SuccessThreshold, BreakerSuccessThresholdDefault)
+
+	for i := range c.Tenants {
+		t := &c.Tenants[i]
+		orDefault(&t.DefaultPriority, priority.Normal)
+		orDefault(&t.MaxPriority, priority.High)
+		orDefault(&t.DefaultLayer, ca.DefaultLayer)
+		if !t.Token.IsZero() && t.TokenSHA256 == "" {
+			t.TokenSHA256 = t.Token.SHA256()
+		}
+		t.Token = secretZero // keep only the hash in memory
+	}
+
+	orDefault(&c.Alerts.Throttle, AlertThrottleDefault)
+	orDefault(&c.Alerts.Interval, AlertIntervalDefault)
+	orDefault(&c.Alerts.Language, "zh")
+	orDefault(&c.Report.At, ReportAtDefault)
+	orDefault(&c.Report.Timezone, "UTC")
+}
+
+// withDefaults returns m with every missing key of def filled in.
+func withDefaults[K comparable, V any](m, def map[K]V) map[K]V {
+	out := make(map[K]V, len(def))
+	for k, v := range def {
+		out[k] = v
+	}
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
+}

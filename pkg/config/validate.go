@@ -1,0 +1,244 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"regexp"
+	"strings"
+	"time"
+
+	"bulwark/pkg/llm"
+	"bulwark/pkg/priority"
+	"bulwark/pkg/secret"
+)
+
+var secretZero secret.String
+
+// validate checks every rule and joins the failures; each names its field.
+func (c *Config) validate() error {
+	var errs []error
+	add := func(field, format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%s: "+format, append([]any{field}, args...)...))
+	}
+
+	if c.Server.AdminToken.IsZero() {
+		add("server.admin_token", "is required")
+	}
+	if c.Postgres.DSN.IsZero() {
+		add("postgres.dsn", "is required")
+	}
+	if c.Server.DefaultMaxTokens > c.Server.MaxTokensLimit {
+		add("server.default_max_tokens", "must not exceed server.max_tokens_limit (%d)", c.Server.MaxTokensLimit)
+	}
+	if f := c.Log.Format; f != "json" && f != "text" {
+		add("log.format", "must be json or text, not %q", f)
+	}
+
+	routes := map[string]bool{}
+	if len(c.Providers) == 0 {
+		add("providers", "at least one provider is required")
+	}
+	for name, p := range c.Providers {
+		field := "providers." + string(name)
+		if !name.Valid() {
+			add(field, "unknown provider %q (want claude or openai)", name)
+			continue
+		}
+		if u, err := url.Parse(p.BaseURL); err != nil || u.Scheme == "" || u.Host == "" {
+			add(field+".base_url", "must be an absolute http(s) URL")
+		}
+		if len(p.Tiers) == 0 {
+			add(field+".tiers", "at least one tier is required")
+		}
+		for tier, model := range p.Tiers {
+			if model == "" {
+				add(field+".tiers."+tier, "model name is required")
+			}
+			routes[llm.Route{Provider: name, Tier: tier}.String()] = true
+		}
+	}
+
+	ids := map[string]bool{}
+	for i, k := range c.Keys {
+		field := fmt.Sprintf("keys[%d]", i)
+		if k.ID == "" {
+			add(field+".id", "is required")
+		} else if ids[k.ID] {
+			add(field+".id", "duplicate key id %q", k.ID)
+		}
+		ids[k.ID] = true
+		if !k.Provider.Valid() {
+			add(field+".provider", "unknown provider %q (want claude or openai)", k.Provider)
+		} else if !routes[llm.Route{Provider: k.Provider, Tier: k.ModelTier}.String()] {
+			add(field+".model_tier", "tier %q is not configured under providers.%s.tiers", k.ModelTier, k.Provider)
+		}
+		if k.APIKey.IsZero() {
+			add(field+".api_key", "is required")
+		}
+		if k.RPMLimit <= 0 {
+			add(field+".rpm_limit", "must be > 0, got %d", k.RPMLimit)
+		}
+		if k.TPMLimit <= 0 {
+			add(field+".tpm_limit", "must be > 0, got %d", k.TPMLimit)
+		}
+		if k.MaxInFlight < 0 {
+			add(field+".max_in_flight", "must be >= 0, got %d", k.MaxInFlight)
+		}
+	}
+	if len(c.Keys) == 0 {
+		add("keys", "at least one key is required")
+	}
+
+	for from, to := range c.Fallback {
+		field := "fallback." + from
+		fr, err1 := ParseRoute(from)
+		tr, err2 := ParseRoute(to)
+		switch {
+		case err1 != nil || !routes[from]:
+			add(field, "unknown route %q", from)
+		case err2 != nil || !routes[to]:
+			add(field, "falls back to unknown route %q", to)
+		case fr.Provider == tr.Provider:
+			add(field, "must fall back to the other provider, not %q", to)
+		}
+	}
+	for name, to := range c.Models {
+		if !routes[to] {
+			add("models."+name, "maps to unknown route %q", to)
+		}
+	}
+
+	q := c.Queue
+	if q.MaxConcurrentLLMCalls <= 0 {
+		add("queue.max_concurrent_llm_calls", "must be > 0")
+	}
+	sum := 0
+	for _, p := range priority.All {
+		if q.Reserved[p] < 0 {
+			add("queue.reserved."+p.String(), "must be >= 0")
+		}
+		sum += q.Reserved[p]
+		if q.Weights[p] <= 0 {
+			add("queue.weights."+p.String(), "must be > 0")
+		}
+	}
+	for p := range q.Reserved {
+		if !p.Valid() {
+			add("queue.reserved", "unknown priority %v", p)
+		}
+	}
+	if sum > q.MaxConcurrentLLMCalls {
+		add("queue.reserved", "reserves sum to %d, more than max_concurrent_llm_calls (%d)", sum, q.MaxConcurrentLLMCalls)
+	}
+	if q.MaxDepth <= 0 {
+		add("queue.queue_max_depth", "must be > 0")
+	}
+	if q.MaxWait <= 0 {
+		add("queue.queue_max_wait", "must be > 0")
+	}
+
+	ca := c.Cache
+	if ca.Threshold <= 0 || ca.Threshold > 1 {
+		add("cache.threshold", "must be in (0, 1], got %g", ca.Threshold)
+	}
+	for layer, ttl := range ca.TTL {
+		if ttl <= 0 {
+			add("cache.ttl."+layer, "must be > 0")
+		}
+	}
+	if _, ok := ca.TTL[ca.DefaultLayer]; !ok {
+		add("cache.default_layer", "unknown layer %q (no ttl configured)", ca.DefaultLayer)
+	}
+	for i, p := range ca.ProtectedPatterns {
+		if _, err := regexp.Compile(p); err != nil {
+			add(fmt.Sprintf("cache.protected_patterns[%d]", i), "invalid regular expression: %v", err)
+		}
+	}
+	switch ca.Embedder.Kind {
+	case "local":
+	case "openai":
+		if ca.Embedder.BaseURL == "" || ca.Embedder.Model == "" {
+			add("cache.embedder", "kind openai needs base_url and model")
+		}
+	default:
+		add("cache.embedder.kind", "must be local or openai, not %q", ca.Embedder.Kind)
+	}
+
+	b := c.Breaker
+	if b.FailureThreshold <= 0 || b.HalfOpenMaxCalls <= 0 || b.SuccessThreshold <= 0 || b.OpenDuration <= 0 {
+		add("breaker", "failure_threshold, open_duration, half_open_max_calls and success_threshold must be > 0")
+	}
+
+	names := map[string]bool{}
+	hashes := map[string]bool{}
+	for i, t := range c.Tenants {
+		field := fmt.Sprintf("tenants[%d]", i)
+		if t.Name == "" {
+			add(field+".name", "is required")
+		} else if names[t.Name] {
+			add(field+".name", "duplicate tenant %q", t.Name)
+		}
+		names[t.Name] = true
+		if len(t.TokenSHA256) != 64 {
+			add(field+".token", "token or token_sha256 (64 hex digits) is required")
+		} else if hashes[t.TokenSHA256] {
+			add(field+".token", "the same token is used by another tenant")
+		}
+		hashes[t.TokenSHA256] = true
+		if t.DefaultPriority < t.MaxPriority {
+			add(field+".default_priority", "is more urgent than max_priority")
+		}
+		if t.RateLimitRPM < 0 {
+			add(field+".rate_limit_rpm", "must be >= 0")
+		}
+	}
+
+	for i, w := range append(append(append([]Webhook{}, c.Alerts.WeCom...), c.Alerts.DingTalk...), c.Alerts.Generic...) {
+		if !strings.HasPrefix(w.URL.Reveal(), "http://") && !strings.HasPrefix(w.URL.Reveal(), "https://") {
+			add(fmt.Sprintf("alerts (webhook %d)", i), "url must be http(s)")
+		}
+	}
+	if _, err := time.Parse("15:04", c.Report.At); err != nil {
+		add("report.at", "must be HH:MM, got %q", c.Report.At)
+	}
+	if _, err := time.LoadLocation(c.Report.Timezone); err != nil {
+		add("report.timezone", "unknown time zone %q", c.Report.Timezone)
+	}
+	return errors.Join(errs...)
+}
+
+// ParseRoute parses "provider/tier".
+func ParseRoute(s string) (llm.Route, error) {
+	p, t, ok := strings.Cut(s, "/")
+	if !ok || t == "" || !llm.Provider(p).Valid() {
+		return llm.Route{}, fmt.Errorf("invalid route %q: want provider/tier, e.g. claude/sonnet", s)
+	}
+	return llm.Route{Provider: llm.Provider(p), Tier: t}, nil
+}
+
+// Routes returns every configured route.
+func (c *Config) Routes() []llm.Route {
+	var out []llm.Route
+	for name, p := range c.Providers {
+		for tier := range p.Tiers {
+			out = append(out, llm.Route{Provider: name, Tier: tier})
+		}
+	}
+	return out
+}
+
+// FallbackOf returns the fallback route of r, if any.
+func (c *Config) FallbackOf(r llm.Route) (llm.Route, bool) {
+	to, ok := c.Fallback[r.String()]
+	if !ok {
+		return llm.Route{}, false
+	}
+	fr, err := ParseRoute(to)
+	return fr, err == nil
+}
+
+// ModelName returns the provider's model name for a route.
+func (c *Config) ModelName(r llm.Route) string {
+	return c.Providers[r.Provider].Tiers[r.Tier]
+}
