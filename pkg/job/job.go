@@ -1,0 +1,186 @@
+// Package job holds the live record of every request Bulwark accepted: what
+// was asked (Job), where it stands (State), and its event stream. All of it
+// lives in Redis, so any API process can answer for a request any worker is
+// running, and a PostgreSQL outage loses nothing.
+//
+// Redis layout (prefix p, default "bulwark:"):
+//
+//	p job:{id}     hash: "job" (Job JSON, immutable), "status", "state" (State JSON, written by the worker),
+//	               "reason" (why it ended, written with terminal statuses)
+//	p ev:{id}      stream of events (field "e": Event JSON); the stream ID is the SSE event id
+//	p events       pub/sub channel: "{id} {streamID} {event JSON}" for every event
+//	p idem:{tenant}:{key}  idempotency key → job id
+//
+// Every status change is one Lua script that checks the current status,
+// writes the new one, appends the event and publishes it, so a cancelled or
+// finished request can never be overwritten and no event is lost between
+// the write and the notification.
+package job
+
+import (
+	"encoding/json"
+	"time"
+
+	"bulwark/pkg/llm"
+	"bulwark/pkg/priority"
+)
+
+// Status of a request.
+type Status string
+
+const (
+	StatusQueued    Status = "queued"
+	StatusRunning   Status = "running"
+	StatusWaiting   Status = "waiting" // every route exhausted: re-enqueued with a delay
+	StatusCompleted Status = "completed"
+	StatusFailed    Status = "failed"
+	StatusCancelled Status = "cancelled"
+)
+
+// Terminal reports whether s is final.
+func (s Status) Terminal() bool {
+	return s == StatusCompleted || s == StatusFailed || s == StatusCancelled
+}
+
+// Job is what was asked. It never changes after submission.
+type Job struct {
+	ID       string            `json:"id"`
+	Tenant   string            `json:"tenant"`
+	Priority priority.Priority `json:"priority"`
+	Route    llm.Route         `json:"route"`
+	Request  llm.Request       `json:"request"`
+	CaseID   string            `json:"case_id,omitempty"`
+	Layer    string            `json:"cache_layer,omitempty"`
+	// ToolResultsHash scopes cache entries to the tool results they saw.
+	ToolResultsHash string            `json:"tool_results_hash,omitempty"`
+	Metadata        map[string]string `json:"metadata,omitempty"`
+	// CacheRead and CacheWrite are false when the caller bypasses the cache.
+	CacheRead  bool `json:"cache_read"`
+	CacheWrite bool `json:"cache_write"`
+	// CacheKey identifies identical requests (scope + prompt hash) for
+	// coalescing and the cache write; empty when the cache is off.
+	CacheKey  string    `json:"cache_key,omitempty"`
+	CreatedAt time.Time `json:"created_at"`
+	// Deadline is when a request that has not started fails
+	// (created_at + queue_max_wait).
+	Deadline time.Time `json:"deadline"`
+}
+
+// State is where a request stands. The worker owns it.
+type State struct {
+	Attempts    int           `json:"attempts"`
+	ServedRoute *llm.Route    `json:"served_route,omitempty"`
+	KeyID       string        `json:"key_id,omitempty"`
+	Cached      string        `json:"cached,omitempty"` // none|exact|semantic|coalesced
+	Similarity  float64       `json:"similarity,omitempty"`
+	CacheAge    time.Duration `json:"cache_age,omitempty"`
+	Result      *llm.Response `json:"result,omitempty"`
+	StartedAt   time.Time     `json:"started_at,omitzero"`
+	FinishedAt  time.Time     `json:"finished_at,omitzero"`
+	// RetryAt is when a waiting request will be tried again.
+	RetryAt time.Time `json:"retry_at,omitzero"`
+	// CoalescedInto is the id of the identical request this one attached to.
+	CoalescedInto string `json:"coalesced_into,omitempty"`
+}
+
+// Record is a request's whole live record.
+type Record struct {
+	Job    Job
+	Status Status
+	State  State
+	// Reason says why a request failed or was cancelled.
+	Reason string
+}
+
+// EventType names an event. Each status change has one; "queued" also
+// reports position changes.
+type EventType string
+
+const (
+	EventQueued    EventType = "queued"
+	EventStarted   EventType = "started"
+	EventRetrying  EventType = "retrying"
+	EventFallback  EventType = "fallback"
+	EventWaiting   EventType = "waiting"
+	EventDegraded  EventType = "degraded"
+	EventCompleted EventType = "completed"
+	EventFailed    EventType = "failed"
+	EventCancelled EventType = "cancelled"
+)
+
+// Event is one step of a request's life, as streamed to the caller.
+type Event struct {
+	// ID is the Redis stream ID, also the SSE event id; empty for
+	// ephemeral position updates that are not stored.
+	ID        string    `json:"-"`
+	Type      EventType `json:"type"`
+	RequestID string    `json:"request_id"`
+	Status    Status    `json:"status"`
+	At        time.Time `json:"at"`
+	// Queue position and ETA (queued, degraded).
+	QueuePosition        int    `json:"queue_position,omitempty"`
+	EstimatedWaitSeconds int    `json:"estimated_wait_seconds,omitempty"`
+	Message              string `json:"message,omitempty"`
+	// RetryAfterSeconds (waiting, degraded).
+	RetryAfterSeconds int `json:"retry_after_seconds,omitempty"`
+	// Provider and tier involved (started, fallback, completed).
+	Provider llm.Provider `json:"provider,omitempty"`
+	Tier     string       `json:"model_tier,omitempty"`
+	From     string       `json:"from,omitempty"` // fallback: the exhausted route
+	Attempt  int          `json:"attempt,omitempty"`
+	Error    string       `json:"error,omitempty"`
+	// Result on completion.
+	Result *Result `json:"result,omitempty"`
+}
+
+// Result is the answer as the caller sees it.
+type Result struct {
+	Content    string       `json:"content"`
+	Blocks     []llm.Block  `json:"blocks,omitempty"`
+	StopReason string       `json:"stop_reason,omitempty"`
+	Provider   llm.Provider `json:"provider"`
+	Tier       string       `json:"model_tier"`
+	Model      string       `json:"model,omitempty"`
+	Usage      llm.Usage    `json:"usage"`
+	Cached     string       `json:"cached"`
+	Similarity float64      `json:"similarity,omitempty"`
+	// CacheAgeSeconds is the age of the cache entry that answered.
+	CacheAgeSeconds float64 `json:"cache_age_seconds,omitempty"`
+}
+
+// ResultOf builds the caller's view of a finished request.
+func ResultOf(st State) *Result {
+	if st.Result == nil {
+		return nil
+	}
+	r := &Result{
+		Content:         st.Result.Text(),
+		StopReason:      string(st.Result.StopReason),
+		Model:           st.Result.Model,
+		Usage:           st.Result.Usage,
+		Cached:          st.Cached,
+		Similarity:      st.Similarity,
+		CacheAgeSeconds: st.CacheAge.Seconds(),
+	}
+	if r.Cached == "" {
+		r.Cached = "none"
+	}
+	for _, b := range st.Result.Content {
+		if b.Type != llm.BlockText {
+			r.Blocks = st.Result.Content
+			break
+		}
+	}
+	if st.ServedRoute != nil {
+		r.Provider, r.Tier = st.ServedRoute.Provider, st.ServedRoute.Tier
+	}
+	return r
+}
+
+func mustJSON(v any) string {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err) // only our own plain structs are marshalled here
+	}
+	return string(b)
+}

@@ -1,0 +1,277 @@
+package job
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrNotFound is returned for an unknown (or expired) request id.
+var ErrNotFound = errors.New("job: request not found")
+
+// ErrTerminal is returned when a change is refused because the request has
+// already ended.
+var ErrTerminal = errors.New("job: request already ended")
+
+// Redis is the narrow client the store needs.
+type Redis interface {
+	redis.Scripter
+	HGetAll(ctx context.Context, key string) *redis.MapStringStringCmd
+	XRange(ctx context.Context, stream, start, stop string) *redis.XMessageSliceCmd
+	Get(ctx context.Context, key string) *redis.StringCmd
+}
+
+// Store reads and writes live request records. It is safe for concurrent use.
+type Store struct {
+	rdb    Redis
+	prefix string
+	ttl    time.Duration // kept after a request ends
+}
+
+// MaxEvents bounds one request's stream; a request has a handful of events.
+const MaxEvents = 200
+
+// NewStore returns a store using keys under prefix ("bulwark:") that keeps
+// finished records for ttl.
+func NewStore(rdb Redis, prefix string, ttl time.Duration) *Store {
+	return &Store{rdb: rdb, prefix: prefix, ttl: ttl}
+}
+
+func (s *Store) jobKey(id string) string    { return s.prefix + "job:" + id }
+func (s *Store) streamKey(id string) string { return s.prefix + "ev:" + id }
+func (s *Store) idemKey(tenant, key string) string {
+	return s.prefix + "idem:" + tenant + ":" + key
+}
+
+// Channel is the pub/sub channel every event is published on.
+func (s *Store) Channel() string { return s.prefix + "events" }
+
+// createScript stores a new job with its first event.
+//
+// KEYS[1] job hash, KEYS[2] event stream, KEYS[3] idempotency key ("" none)
+// ARGV[1] job JSON, ARGV[2] status, ARGV[3] event JSON, ARGV[4] channel,
+// ARGV[5] id, ARGV[6] ttl of the idempotency key and an abandoned record (s),
+// ARGV[7] max events
+// Reply: {1, streamID} created; {0, existingID} idempotency key already used.
+var createScript = redis.NewScript(`
+if KEYS[3] ~= "" then
+  local prev = redis.call("GET", KEYS[3])
+  if prev then return {0, prev} end
+  redis.call("SET", KEYS[3], ARGV[5], "EX", ARGV[6])
+end
+redis.call("HSET", KEYS[1], "job", ARGV[1], "status", ARGV[2], "state", "{}")
+redis.call("EXPIRE", KEYS[1], ARGV[6])
+local sid = redis.call("XADD", KEYS[2], "MAXLEN", "~", ARGV[7], "*", "e", ARGV[3])
+redis.call("EXPIRE", KEYS[2], ARGV[6])
+redis.call("PUBLISH", ARGV[4], ARGV[5] .. " " .. sid .. " " .. ARGV[3])
+return {1, sid}
+`)
+
+// Create stores a new job in status queued with its first event. With an
+// idempotency key already used by the tenant it stores nothing and returns
+// the earlier request's id and created=false.
+func (s *Store) Create(ctx context.Context, j *Job, ev Event, idemKey string) (id string, created bool, err error) {
+	ik := ""
+	if idemKey != "" {
+		ik = s.idemKey(j.Tenant, idemKey)
+	}
+	ev.RequestID, ev.Status = j.ID, StatusQueued
+	if ev.At.IsZero() {
+		ev.At = time.Now()
+	}
+	// A queued record lives at least as long as its deadline plus the result TTL.
+	ttl := time.Until(j.Deadline) + s.ttl
+	res, err := createScript.Run(ctx, s.rdb,
+		[]string{s.jobKey(j.ID), s.streamKey(j.ID), ik},
+		mustJSON(j), string(StatusQueued), mustJSON(ev), s.Channel(), j.ID, int(ttl.Seconds())+1, MaxEvents,
+	).Slice()
+	if err != nil {
+		return "", false, fmt.Errorf("job: create %s: %w", j.ID, err)
+	}
+	ok, other, err := pair(res)
+	if err != nil {
+		return "", false, fmt.Errorf("job: create %s: %w", j.ID, err)
+	}
+	if ok == 0 {
+		return other, false, nil
+	}
+	return j.ID, true, nil
+}
+
+// transitionScript changes a request's status and appends its event.
+//
+// KEYS[1] job hash, KEYS[2] event stream
+// ARGV[1] new status ("" keeps it), ARGV[2] state JSON ("" keeps it),
+// ARGV[3] event JSON ("" for none), ARGV[4] channel, ARGV[5] id,
+// ARGV[6] ttl seconds to set when the new status is terminal (0 none),
+// ARGV[7] reason ("" none), ARGV[8] max events
+// Reply: {1, streamID or ""} done; {0, current status} refused (ended or missing).
+var transitionScript = redis.NewScript(`
+local cur = redis.call("HGET", KEYS[1], "status")
+if not cur then return {0, ""} end
+if cur == "completed" or cur == "failed" or cur == "cancelled" then return {0, cur} end
+if ARGV[1] ~= "" then redis.call("HSET", KEYS[1], "status", ARGV[1]) end
+if ARGV[2] ~= "" then redis.call("HSET", KEYS[1], "state", ARGV[2]) end
+if ARGV[7] ~= "" then redis.call("HSET", KEYS[1], "reason", ARGV[7]) end
+local sid = ""
+if ARGV[3] ~= "" then
+  sid = redis.call("XADD", KEYS[2], "MAXLEN", "~", ARGV[8], "*", "e", ARGV[3])
+  redis.call("PUBLISH", ARGV[4], ARGV[5] .. " " .. sid .. " " .. ARGV[3])
+end
+if tonumber(ARGV[6]) > 0 then
+  redis.call("EXPIRE", KEYS[1], ARGV[6])
+  redis.call("EXPIRE", KEYS[2], ARGV[6])
+end
+return {1, sid}
+`)
+
+// Change is one update of a request.
+type Change struct {
+	Status Status // "" keeps the status
+	State  *State // nil keeps the state
+	Event  *Event // nil appends no event
+	Reason string // why it failed or was cancelled
+}
+
+// Apply applies c unless the request has ended. It returns the event's
+// stream id, ErrTerminal when refused, ErrNotFound when unknown.
+func (s *Store) Apply(ctx context.Context, id string, c Change) (string, error) {
+	state, event, ttl := "", "", 0
+	if c.State != nil {
+		state = mustJSON(c.State)
+	}
+	if c.Event != nil {
+		ev := *c.Event
+		ev.RequestID = id
+		if ev.Status == "" {
+			ev.Status = c.Status
+		}
+		if ev.At.IsZero() {
+			ev.At = time.Now()
+		}
+		event = mustJSON(ev)
+	}
+	if c.Status.Terminal() {
+		ttl = int(s.ttl.Seconds())
+	}
+	res, err := transitionScript.Run(ctx, s.rdb, []string{s.jobKey(id), s.streamKey(id)},
+		string(c.Status), state, event, s.Channel(), id, ttl, c.Reason, MaxEvents).Slice()
+	if err != nil {
+		return "", fmt.Errorf("job: update %s: %w", id, err)
+	}
+	ok, v, err := pair(res)
+	if err != nil {
+		return "", fmt.Errorf("job: update %s: %w", id, err)
+	}
+	if ok == 0 {
+		if v == "" {
+			return "", ErrNotFound
+		}
+		return "", fmt.Errorf("%w (%s)", ErrTerminal, v)
+	}
+	return v, nil
+}
+
+// Get returns a request's live record.
+func (s *Store) Get(ctx context.Context, id string) (*Record, error) {
+	m, err := s.rdb.HGetAll(ctx, s.jobKey(id)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("job: get %s: %w", id, err)
+	}
+	if len(m) == 0 || m["job"] == "" {
+		return nil, ErrNotFound
+	}
+	r := &Record{Status: Status(m["status"]), Reason: m["reason"]}
+	if err := json.Unmarshal([]byte(m["job"]), &r.Job); err != nil {
+		return nil, fmt.Errorf("job: decode %s: %w", id, err)
+	}
+	if st := m["state"]; st != "" {
+		if err := json.Unmarshal([]byte(st), &r.State); err != nil {
+			return nil, fmt.Errorf("job: decode state %s: %w", id, err)
+		}
+	}
+	return r, nil
+}
+
+// Events returns the stored events after stream id after ("" = all).
+func (s *Store) Events(ctx context.Context, id, after string) ([]Event, error) {
+	start := "-"
+	if after != "" {
+		start = "(" + after
+	}
+	msgs, err := s.rdb.XRange(ctx, s.streamKey(id), start, "+").Result()
+	if err != nil {
+		return nil, fmt.Errorf("job: events %s: %w", id, err)
+	}
+	out := make([]Event, 0, len(msgs))
+	for _, m := range msgs {
+		raw, _ := m.Values["e"].(string)
+		var ev Event
+		if err := json.Unmarshal([]byte(raw), &ev); err != nil {
+			return nil, fmt.Errorf("job: decode event %s/%s: %w", id, m.ID, err)
+		}
+		ev.ID = m.ID
+		out = append(out, ev)
+	}
+	return out, nil
+}
+
+// ParseMessage decodes a pub/sub payload published by the store.
+func ParseMessage(payload string) (id string, ev Event, err error) {
+	id, rest, ok1 := strings.Cut(payload, " ")
+	sid, js, ok2 := strings.Cut(rest, " ")
+	if !ok1 || !ok2 {
+		return "", Event{}, fmt.Errorf("job: malformed event message")
+	}
+	if err := json.Unmarshal([]byte(js), &ev); err != nil {
+		return "", Event{}, fmt.Errorf("job: decode event message: %w", err)
+	}
+	ev.ID = sid
+	return id, ev, nil
+}
+
+// pair checks a {int, string} script reply.
+func pair(res []any) (int64, string, error) {
+	if len(res) != 2 {
+		return 0, "", fmt.Errorf("unexpected script reply %v", res)
+	}
+	n, ok := res[0].(int64)
+	s, ok2 := res[1].(string)
+	if !ok || !ok2 {
+		return 0, "", fmt.Errorf("unexpected script reply types %T %T", res[0], res[1])
+	}
+	return n, s, nil
+}
+
+// CompareIDs orders two stream ids ("ms-seq"): -1, 0 or 1.
+func CompareIDs(a, b string) int {
+	am, as := splitID(a)
+	bm, bs := splitID(b)
+	switch {
+	case am != bm:
+		return cmp(am, bm)
+	default:
+		return cmp(as, bs)
+	}
+}
+
+func splitID(id string) (uint64, uint64) {
+	var ms, seq uint64
+	fmt.Sscanf(id, "%d-%d", &ms, &seq)
+	return ms, seq
+}
+
+func cmp(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,71 @@
+package job_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"bulwark/pkg/job"
+	"bulwark/pkg/llm"
+	"bulwark/pkg/priority"
+	"bulwark/pkg/testenv"
+)
+
+func newJob(id string) *job.Job {
+	return &job.Job{ID: id, Tenant: "t", Priority: priority.Normal, Route: llm.Route{Provider: "claude", Tier: "sonnet"},
+		CreatedAt: time.Now(), Deadline: time.Now().Add(time.Minute)}
+}
+
+func TestLifecycle(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := job.NewStore(testenv.Redis(t), "b:", time.Hour)
+
+	id, created, err := s.Create(ctx, newJob("r1"), job.Event{Type: job.EventQueued, QueuePosition: 3}, "idem-1")
+	if err != nil || !created || id != "r1" {
+		t.Fatalf("create: %v %v %v", id, created, err)
+	}
+	// Same idempotency key: nothing new, the first id.
+	id, created, err = s.Create(ctx, newJob("r2"), job.Event{Type: job.EventQueued}, "idem-1")
+	if err != nil || created || id != "r1" {
+		t.Fatalf("idempotent create: %v %v %v", id, created, err)
+	}
+	if _, err := s.Get(ctx, "r2"); !errors.Is(err, job.ErrNotFound) {
+		t.Fatalf("r2 must not exist: %v", err)
+	}
+
+	st := job.State{Attempts: 1}
+	if _, err := s.Apply(ctx, "r1", job.Change{Status: job.StatusRunning, State: &st, Event: &job.Event{Type: job.EventStarted}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Apply(ctx, "r1", job.Change{Status: job.StatusCancelled, Reason: "by caller", Event: &job.Event{Type: job.EventCancelled}}); err != nil {
+		t.Fatal(err)
+	}
+	// A late completion must not overwrite the cancellation.
+	_, err = s.Apply(ctx, "r1", job.Change{Status: job.StatusCompleted, Event: &job.Event{Type: job.EventCompleted}})
+	if !errors.Is(err, job.ErrTerminal) {
+		t.Fatalf("completion after cancel: %v", err)
+	}
+	rec, err := s.Get(ctx, "r1")
+	if err != nil || rec.Status != job.StatusCancelled || rec.Reason != "by caller" || rec.State.Attempts != 1 {
+		t.Fatalf("record: %+v %v", rec, err)
+	}
+	evs, err := s.Events(ctx, "r1", "")
+	if err != nil || len(evs) != 3 {
+		t.Fatalf("events: %v %v", evs, err)
+	}
+	if evs[0].Type != job.EventQueued || evs[0].QueuePosition != 3 || evs[2].Type != job.EventCancelled {
+		t.Fatalf("events: %+v", evs)
+	}
+	after, err := s.Events(ctx, "r1", evs[0].ID)
+	if err != nil || len(after) != 2 || after[0].ID != evs[1].ID {
+		t.Fatalf("events after %s: %+v %v", evs[0].ID, after, err)
+	}
+	if job.CompareIDs(evs[0].ID, evs[1].ID) >= 0 {
+		t.Fatal("stream ids must increase")
+	}
+	if _, err := s.Apply(ctx, "nope", job.Change{Status: job.StatusRunning}); !errors.Is(err, job.ErrNotFound) {
+		t.Fatalf("unknown id: %v", err)
+	}
+}
