@@ -1,0 +1,95 @@
+package metrics
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/http"
+	"os"
+
+	"bulwark/pkg/llm"
+)
+
+// Values of the outcome label of bulwark_provider_calls_total: a closed
+// vocabulary, so that an unexpected error can never mint a new series.
+const (
+	OutcomeOK          = "ok"
+	OutcomeRateLimited = "rate_limited"
+	OutcomeQuota       = "quota"
+	OutcomeOverloaded  = "overloaded"
+	OutcomeServerError = "server_error"
+	OutcomeTimeout     = "timeout"
+	OutcomeAuth        = "auth"
+	OutcomeBadRequest  = "bad_request"
+)
+
+// Outcomes lists every value Outcome returns.
+var Outcomes = []string{
+	OutcomeOK, OutcomeRateLimited, OutcomeQuota, OutcomeOverloaded,
+	OutcomeServerError, OutcomeTimeout, OutcomeAuth, OutcomeBadRequest,
+}
+
+// Outcome maps the error of a provider call to the outcome label.
+//
+// nil is "ok". An *llm.Error maps by class: rate_limited, quota, overloaded
+// and auth keep their names; permanent is "bad_request"; transient is
+// "timeout" when a deadline or a network timeout caused it (or the provider
+// answered 408 or 504), else "server_error". An error that is not an
+// *llm.Error (a deadline on our side, a bug) is "timeout" when it is a
+// timeout and "server_error" otherwise, so the vocabulary stays closed;
+// callers should not record calls that they cancelled themselves.
+func Outcome(err error) string {
+	if err == nil {
+		return OutcomeOK
+	}
+	var pe *llm.Error
+	if !errors.As(err, &pe) {
+		if isTimeout(err) {
+			return OutcomeTimeout
+		}
+		return OutcomeServerError
+	}
+	switch pe.Class {
+	case llm.ClassRateLimited:
+		return OutcomeRateLimited
+	case llm.ClassQuota:
+		return OutcomeQuota
+	case llm.ClassOverloaded:
+		return OutcomeOverloaded
+	case llm.ClassAuth:
+		return OutcomeAuth
+	case llm.ClassPermanent:
+		return OutcomeBadRequest
+	case llm.ClassTransient:
+		if isTimeout(pe.Err) || pe.Status == http.StatusRequestTimeout || pe.Status == http.StatusGatewayTimeout {
+			return OutcomeTimeout
+		}
+		return OutcomeServerError
+	default:
+		return OutcomeServerError
+	}
+}
+
+// isTimeout reports whether err was caused by a deadline: a context
+// deadline, a socket deadline, or a net.Error that says it timed out.
+func isTimeout(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
+		return true
+	}
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// Price is what a model tier costs, in US dollars per million tokens.
+type Price struct {
+	InputPerMTok  float64
+	OutputPerMTok float64
+}
+
+// Cost returns the price in US dollars of usage u at price p.
+func Cost(p Price, u llm.Usage) float64 {
+	return (float64(u.InputTokens)*p.InputPerMTok + float64(u.OutputTokens)*p.OutputPerMTok) / 1e6
+}

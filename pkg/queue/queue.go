@@ -1,0 +1,334 @@
+// Package queue is layer 2's view of the asynq queues: enqueueing a request
+// on the queue of its priority, admission control, queue positions, the
+// measured drain rate and the ETA derived from it, and cancellation.
+//
+// There is one asynq queue per priority, named after it (critical, high,
+// normal, low). asynq pushes new tasks on the left of a queue's pending
+// list and workers take them from the right, so a task's position in its
+// own queue is its distance from the right end. A request's position counts
+// every pending request of more urgent priorities too (they run first under
+// strict priority and mostly first under weights), plus its own queue ahead
+// of it: exact for FIFO within a priority, conservative across priorities.
+//
+// The drain rate is measured, not assumed: every worker records each start
+// in a sorted set (Redis TIME), and the rate is the starts of the last
+// RateWindow. The ETA of position n is n / rate.
+package queue
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"bulwark/pkg/priority"
+)
+
+// TaskType is the asynq task type of a provider call.
+const TaskType = "bulwark:call"
+
+// Defaults.
+const (
+	RateWindowDefault   = time.Minute
+	FallbackRateDefault = 1.0 // requests/s assumed before anything was measured
+)
+
+// ErrQueueFull is returned by Admit when the queues are at MaxDepth.
+var ErrQueueFull = errors.New("queue: full")
+
+// FullError says how long until there is room again.
+type FullError struct {
+	Depth      int
+	RetryAfter time.Duration
+}
+
+func (e *FullError) Error() string {
+	return fmt.Sprintf("queue: full (%d requests waiting), retry after %s", e.Depth, e.RetryAfter)
+}
+
+func (e *FullError) Is(target error) bool { return target == ErrQueueFull }
+
+// Name returns the asynq queue of a priority.
+func Name(p priority.Priority) string { return p.String() }
+
+// Payload is the task payload: only the request id; the request itself is
+// in the job store.
+type Payload struct {
+	ID string `json:"id"`
+}
+
+// Config configures the queue view.
+type Config struct {
+	// MaxDepth is the admission limit of waiting requests. Default 200.
+	MaxDepth int
+	// RateWindow over which the drain rate is measured. Default 1m.
+	RateWindow time.Duration
+	// TaskTimeout bounds one processing attempt of a task. Default 15m.
+	TaskTimeout time.Duration
+	// MaxRetry of a task (transient failures; waits for capacity do not
+	// count). Default 8.
+	MaxRetry int
+	// Prefix of Bulwark's own keys. Default "bulwark:".
+	Prefix string
+}
+
+func (c *Config) setDefaults() {
+	if c.MaxDepth == 0 {
+		c.MaxDepth = 200
+	}
+	if c.RateWindow == 0 {
+		c.RateWindow = RateWindowDefault
+	}
+	if c.TaskTimeout == 0 {
+		c.TaskTimeout = 15 * time.Minute
+	}
+	if c.MaxRetry == 0 {
+		c.MaxRetry = 8
+	}
+	if c.Prefix == "" {
+		c.Prefix = "bulwark:"
+	}
+}
+
+// Queue enqueues and inspects. It is safe for concurrent use.
+type Queue struct {
+	rdb       redis.UniversalClient
+	client    *asynq.Client
+	inspector *asynq.Inspector
+	cfg       Config
+}
+
+// New returns a Queue on rdb; rdb stays owned by the caller.
+func New(rdb redis.UniversalClient, cfg Config) *Queue {
+	cfg.setDefaults()
+	return &Queue{
+		rdb:       rdb,
+		client:    asynq.NewClientFromRedisClient(rdb),
+		inspector: asynq.NewInspectorFromRedisClient(rdb),
+		cfg:       cfg,
+	}
+}
+
+// Close releases the asynq client and inspector (not the Redis client).
+func (q *Queue) Close() error {
+	return errors.Join(q.client.Close(), q.inspector.Close())
+}
+
+func (q *Queue) startsKey() string { return q.cfg.Prefix + "queue:starts" }
+
+// DequeuedChannel is published on at every start, to drive position updates.
+func (q *Queue) DequeuedChannel() string { return q.cfg.Prefix + "queue:dequeued" }
+
+// Enqueue puts request id on the queue of p, to run after delay.
+func (q *Queue) Enqueue(ctx context.Context, id string, p priority.Priority, delay time.Duration) error {
+	payload, _ := json.Marshal(Payload{ID: id})
+	opts := []asynq.Option{
+		asynq.Queue(Name(p)), asynq.TaskID(id), asynq.MaxRetry(q.cfg.MaxRetry),
+		asynq.Timeout(q.cfg.TaskTimeout),
+	}
+	if delay > 0 {
+		opts = append(opts, asynq.ProcessIn(delay))
+	}
+	if _, err := q.client.EnqueueContext(ctx, asynq.NewTask(TaskType, payload), opts...); err != nil {
+		return fmt.Errorf("queue: enqueue %s on %s: %w", id, Name(p), err)
+	}
+	return nil
+}
+
+// depths reads pending and delayed (scheduled + retry) counts per queue in
+// one round trip.
+func (q *Queue) depths(ctx context.Context) (pending, delayed map[priority.Priority]int64, err error) {
+	pipe := q.rdb.Pipeline()
+	pc := map[priority.Priority]*redis.IntCmd{}
+	sc := map[priority.Priority]*redis.IntCmd{}
+	rc := map[priority.Priority]*redis.IntCmd{}
+	for _, p := range priority.All {
+		pfx := "asynq:{" + Name(p) + "}:"
+		pc[p] = pipe.LLen(ctx, pfx+"pending")
+		sc[p] = pipe.ZCard(ctx, pfx+"scheduled")
+		rc[p] = pipe.ZCard(ctx, pfx+"retry")
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, nil, fmt.Errorf("queue: depth: %w", err)
+	}
+	pending, delayed = map[priority.Priority]int64{}, map[priority.Priority]int64{}
+	for _, p := range priority.All {
+		pending[p] = pc[p].Val()
+		delayed[p] = sc[p].Val() + rc[p].Val()
+	}
+	return pending, delayed, nil
+}
+
+// Depth returns the waiting requests per priority (pending plus delayed).
+func (q *Queue) Depth(ctx context.Context) (map[priority.Priority]int, error) {
+	pending, delayed, err := q.depths(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[priority.Priority]int{}
+	for _, p := range priority.All {
+		out[p] = int(pending[p] + delayed[p])
+	}
+	return out, nil
+}
+
+// Admit returns a *FullError (errors.Is ErrQueueFull) when the queues hold
+// MaxDepth requests, with a Retry-After computed from the drain rate.
+// Concurrent submissions may overshoot MaxDepth by at most their number.
+func (q *Queue) Admit(ctx context.Context) error {
+	d, err := q.Depth(ctx)
+	if err != nil {
+		return err
+	}
+	total := 0
+	for _, n := range d {
+		total += n
+	}
+	if total < q.cfg.MaxDepth {
+		return nil
+	}
+	rate, err := q.Rate(ctx)
+	if err != nil {
+		return err
+	}
+	// Room for one more appears once one request drains; say when a tenth
+	// of the queue will have, so retries do not stampede.
+	n := max(1, (total-q.cfg.MaxDepth)+q.cfg.MaxDepth/10)
+	return &FullError{Depth: total, RetryAfter: etaFor(n, rate)}
+}
+
+// RecordStart notes that a request started (drain rate) and wakes position
+// trackers. Workers call it when a task leaves the queue.
+func (q *Queue) RecordStart(ctx context.Context, id string) error {
+	pipe := q.rdb.Pipeline()
+	pipe.Eval(ctx, recordStartScript, []string{q.startsKey()}, id, q.cfg.RateWindow.Milliseconds()*5)
+	pipe.Publish(ctx, q.DequeuedChannel(), id)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("queue: record start: %w", err)
+	}
+	return nil
+}
+
+// recordStartScript: KEYS[1] starts zset; ARGV[1] id, ARGV[2] keep ms.
+const recordStartScript = `
+local t = redis.call("TIME")
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call("ZADD", KEYS[1], now, ARGV[1])
+redis.call("ZREMRANGEBYSCORE", KEYS[1], "-inf", now - tonumber(ARGV[2]))
+return 1`
+
+// rateScript: KEYS[1] starts zset; ARGV[1] window ms. Reply: starts in window.
+const rateScript = `
+local t = redis.call("TIME")
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call("ZCOUNT", KEYS[1], now - tonumber(ARGV[1]), "+inf")`
+
+// Rate returns the measured drain rate in requests per second, or
+// FallbackRateDefault when nothing started within the window.
+func (q *Queue) Rate(ctx context.Context) (float64, error) {
+	n, err := q.rdb.Eval(ctx, rateScript, []string{q.startsKey()}, q.cfg.RateWindow.Milliseconds()).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("queue: rate: %w", err)
+	}
+	if n == 0 {
+		return FallbackRateDefault, nil
+	}
+	return float64(n) / q.cfg.RateWindow.Seconds(), nil
+}
+
+// ETA returns the expected wait of the request at position n.
+func (q *Queue) ETA(ctx context.Context, n int) (time.Duration, error) {
+	rate, err := q.Rate(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return etaFor(n, rate), nil
+}
+
+func etaFor(n int, rate float64) time.Duration {
+	if n <= 0 {
+		return 0
+	}
+	return time.Duration(math.Ceil(float64(n)/rate)) * time.Second
+}
+
+// Positions returns the 1-based position of every pending request of the
+// given priorities (nil = all), keyed by id, in one round trip.
+func (q *Queue) Positions(ctx context.Context) (map[string]int, error) {
+	pipe := q.rdb.Pipeline()
+	lists := map[priority.Priority]*redis.StringSliceCmd{}
+	for _, p := range priority.All {
+		lists[p] = pipe.LRange(ctx, "asynq:{"+Name(p)+"}:pending", 0, -1)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("queue: positions: %w", err)
+	}
+	out := map[string]int{}
+	ahead := 0 // pending requests of more urgent priorities
+	for _, p := range priority.All {
+		ids := lists[p].Val()
+		n := len(ids)
+		for i, id := range ids {
+			out[id] = ahead + (n - i)
+		}
+		ahead += n
+	}
+	return out, nil
+}
+
+// Position returns one request's position, or 0 when it is not pending.
+func (q *Queue) Position(ctx context.Context, id string) (int, error) {
+	pos, err := q.Positions(ctx)
+	if err != nil {
+		return 0, err
+	}
+	return pos[id], nil
+}
+
+// Cancel removes a waiting request from its queue, or asks the worker
+// running it to stop. It reports whether the task was found at all.
+func (q *Queue) Cancel(ctx context.Context, id string, p priority.Priority) (bool, error) {
+	err := q.inspector.DeleteTask(Name(p), id)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, asynq.ErrTaskNotFound), errors.Is(err, asynq.ErrQueueNotFound):
+		return false, nil
+	}
+	// DeleteTask refuses active tasks: cancel the running handler.
+	if cerr := q.inspector.CancelProcessing(id); cerr != nil {
+		return false, fmt.Errorf("queue: cancel %s: %w", id, cerr)
+	}
+	return true, nil
+}
+
+// Pause stops workers from taking tasks of p (tests, operators).
+func (q *Queue) Pause(p priority.Priority) error { return q.inspector.PauseQueue(Name(p)) }
+
+// Unpause resumes p.
+func (q *Queue) Unpause(p priority.Priority) error { return q.inspector.UnpauseQueue(Name(p)) }
+
+// OldestPending returns, per priority, the id of the request that has
+// waited longest (the next to run); the caller reads its creation time.
+func (q *Queue) OldestPending(ctx context.Context) (map[priority.Priority]string, error) {
+	pipe := q.rdb.Pipeline()
+	cmds := map[priority.Priority]*redis.StringCmd{}
+	for _, p := range priority.All {
+		cmds[p] = pipe.LIndex(ctx, "asynq:{"+Name(p)+"}:pending", -1)
+	}
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("queue: oldest: %w", err)
+	}
+	out := map[priority.Priority]string{}
+	for p, c := range cmds {
+		if v, err := c.Result(); err == nil {
+			out[p] = v
+		}
+	}
+	return out, nil
+}
