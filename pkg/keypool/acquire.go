@@ -1,0 +1,136 @@
+package keypool
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"time"
+
+	"bulwark/pkg/llm"
+)
+
+// Acquire reserves one request and estTokens tokens on the key of route
+// with the most headroom, in one atomic Redis step, and returns the lease.
+// estTokens should be the prompt's tokens plus max_tokens; Success settles
+// it to the real usage.
+//
+// Errors: an *ExhaustedError (errors.Is ErrExhausted) when no key has room
+// now, saying when one will; ErrUnknownRoute when route has no keys;
+// ErrTooLarge when estTokens exceeds every key's TPM; otherwise a Redis
+// failure.
+func (p *Pool) Acquire(ctx context.Context, route llm.Route, estTokens int) (*Lease, error) {
+	idx, ok := p.routes[route]
+	if !ok {
+		return nil, fmt.Errorf("keypool: acquire %s: %w", route, ErrUnknownRoute)
+	}
+	if estTokens < 0 {
+		return nil, fmt.Errorf("keypool: acquire %s: estTokens must be >= 0, got %d", route, estTokens)
+	}
+	leaseID, err := newLeaseID()
+	if err != nil {
+		return nil, fmt.Errorf("keypool: acquire %s: %w", route, err)
+	}
+	ttl := p.cfg.LeaseTTL.Microseconds()
+	for attempt := 0; ; attempt++ {
+		rctx, cancel := context.WithTimeout(ctx, p.cfg.OpTimeout)
+		res, err := p.sc.acquire.Run(rctx, p.rdb, p.routeKeys[route], estTokens, ttl, leaseID).Slice()
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("keypool: acquire %s: %w", route, err)
+		}
+		status, err := replyInt(res, 0)
+		if err != nil {
+			return nil, fmt.Errorf("keypool: acquire %s: %w", route, err)
+		}
+		switch status {
+		case 1: // {1, i, now, expiry}
+			i, err1 := replyInt(res, 1)
+			now, err2 := replyInt(res, 2)
+			exp, err3 := replyInt(res, 3)
+			if err := firstErr(err1, err2, err3); err != nil {
+				return nil, fmt.Errorf("keypool: acquire %s: %w", route, err)
+			}
+			if i < 1 || int(i) > len(idx) {
+				return nil, fmt.Errorf("keypool: acquire %s: key index %d out of range", route, i)
+			}
+			k := p.cfg.Keys[idx[i-1]]
+			return &Lease{
+				ID:        leaseID,
+				KeyID:     k.ID,
+				Route:     route,
+				APIKey:    k.APIKey,
+				EstTokens: estTokens,
+				GrantedAt: timeFromUS(now),
+				ExpiresAt: timeFromUS(exp),
+				grantedUS: now,
+			}, nil
+		case 0: // {0, wait, reason, now}
+			wait, err1 := replyInt(res, 1)
+			reason, err2 := replyString(res, 2)
+			if err := firstErr(err1, err2); err != nil {
+				return nil, fmt.Errorf("keypool: acquire %s: %w", route, err)
+			}
+			d := time.Duration(wait) * time.Microsecond
+			if wait < 0 { // every key disabled: nothing frees up by itself
+				d = p.cfg.CooldownMax
+			}
+			return nil, &ExhaustedError{Route: route, RetryAfter: max(d, time.Microsecond), Reason: reason}
+		case -1:
+			return nil, fmt.Errorf("keypool: acquire %s (%d tokens): %w", route, estTokens, ErrTooLarge)
+		case -2:
+			// Redis lost the pool's state (flush, restart without AOF):
+			// register again, once, and retry with full buckets.
+			if attempt > 0 {
+				return nil, fmt.Errorf("keypool: acquire %s: key state missing after re-registration", route)
+			}
+			p.logger.Warn("keypool: key state missing in Redis; registering the configured keys again", "route", route.String())
+			if err := p.register(ctx); err != nil {
+				return nil, fmt.Errorf("keypool: acquire %s: %w", route, err)
+			}
+		default:
+			return nil, fmt.Errorf("keypool: acquire %s: unexpected status %d", route, status)
+		}
+	}
+}
+
+func newLeaseID() (string, error) {
+	b := make([]byte, 12)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("lease id: %w", err)
+	}
+	return hex.EncodeToString(b), nil
+}
+
+// replyInt returns element i of a script reply as an integer.
+func replyInt(res []any, i int) (int64, error) {
+	if i >= len(res) {
+		return 0, fmt.Errorf("script reply has %d elements, want more than %d", len(res), i)
+	}
+	v, ok := res[i].(int64)
+	if !ok {
+		return 0, fmt.Errorf("script reply element %d is %T, want integer", i, res[i])
+	}
+	return v, nil
+}
+
+// replyString returns element i of a script reply as a string.
+func replyString(res []any, i int) (string, error) {
+	if i >= len(res) {
+		return "", fmt.Errorf("script reply has %d elements, want more than %d", len(res), i)
+	}
+	v, ok := res[i].(string)
+	if !ok {
+		return "", fmt.Errorf("script reply element %d is %T, want string", i, res[i])
+	}
+	return v, nil
+}
+
+func firstErr(errs ...error) error {
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}

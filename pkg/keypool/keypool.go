@@ -1,0 +1,304 @@
+package keypool
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"bulwark/pkg/llm"
+	"bulwark/pkg/secret"
+)
+
+// Defaults for the zero fields of Config.
+const (
+	// PrefixDefault is the Redis key prefix of the production pool.
+	PrefixDefault = "bulwark:keypool:"
+	// LeaseTTLDefault bounds how long a killed worker's in-flight slot stays
+	// taken. It must exceed the longest provider call.
+	LeaseTTLDefault = 3 * time.Minute
+	// CooldownBaseDefault and CooldownMaxDefault give the design's rule
+	// min(2^consecutive_429s, 120) seconds.
+	CooldownBaseDefault = time.Second
+	CooldownMaxDefault  = 120 * time.Second
+	// OpTimeoutDefault is the deadline of one Redis round trip.
+	OpTimeoutDefault = 2 * time.Second
+)
+
+// Sentinel errors callers branch on.
+var (
+	// ErrExhausted: no key of the route has room now. The error is an
+	// *ExhaustedError saying when to try again.
+	ErrExhausted = errors.New("keypool: no key has room")
+	// ErrUnknownRoute: no key is configured for the route at all.
+	ErrUnknownRoute = errors.New("keypool: no key configured for route")
+	// ErrTooLarge: the estimated tokens exceed the TPM of every key of the
+	// route, so the request could never be admitted; waiting does not help.
+	ErrTooLarge = errors.New("keypool: estimated tokens exceed every key's TPM")
+	// ErrUnknownKey: no key with that id is configured.
+	ErrUnknownKey = errors.New("keypool: unknown key")
+	// ErrSettled: the lease was already settled by Success or Failure.
+	ErrSettled = errors.New("keypool: lease already settled")
+)
+
+// Reasons an ExhaustedError gives: what keeps the earliest key busy.
+const (
+	ReasonRequests = "requests"  // RPM bucket empty
+	ReasonTokens   = "tokens"    // TPM bucket short of the estimate
+	ReasonCooling  = "cooling"   // cooling after a 429
+	ReasonInFlight = "in_flight" // MaxInFlight calls in flight
+	ReasonDisabled = "disabled"  // every key of the route is disabled
+)
+
+// ExhaustedError says that no key of Route has room, and when the earliest
+// one will. It matches ErrExhausted with errors.Is.
+type ExhaustedError struct {
+	Route llm.Route
+	// RetryAfter is how long until the earliest key has room (always > 0):
+	// the bucket refill time, the end of a cooldown or the expiry of the
+	// oldest in-flight lease, whichever holds that key back longest. With
+	// Reason in_flight it is an upper bound (a call may end sooner). When
+	// every key is disabled nothing will free up on its own; RetryAfter is
+	// then Config.CooldownMax, a polling hint.
+	RetryAfter time.Duration
+	// Reason is one of the Reason... constants.
+	Reason string
+}
+
+func (e *ExhaustedError) Error() string {
+	return fmt.Sprintf("keypool: no key of %s has room (%s); retry after %s", e.Route, e.Reason, e.RetryAfter)
+}
+
+// Is makes errors.Is(err, ErrExhausted) hold.
+func (e *ExhaustedError) Is(target error) bool { return target == ErrExhausted }
+
+// Key is one provider key and its limits.
+type Key struct {
+	// ID names the key in Redis, logs, metrics and the admin view. Required;
+	// unique; no whitespace.
+	ID       string
+	Provider llm.Provider
+	// Tier is the model tier the key serves, e.g. "sonnet" or "gpt4o-mini".
+	Tier string
+	// APIKey is the credential. It stays in process memory: it is never
+	// written to Redis, logged or returned by Snapshot.
+	APIKey secret.String
+	// RPM is the requests-per-minute limit (> 0): the bucket holds RPM
+	// requests and refills RPM/60 per second.
+	RPM int
+	// TPM is the tokens-per-minute limit (> 0), metered the same way.
+	TPM int
+	// MaxInFlight caps concurrent calls on the key; 0 means no limit.
+	MaxInFlight int
+}
+
+// Route returns the key's (provider, tier).
+func (k Key) Route() llm.Route { return llm.Route{Provider: k.Provider, Tier: k.Tier} }
+
+// Config configures a Pool. Zero fields take the documented defaults.
+type Config struct {
+	// Keys is the pool. Required (at least one).
+	Keys []Key
+	// Prefix starts every Redis key name; default PrefixDefault. Tests and
+	// tenants use their own to isolate.
+	Prefix string
+	// LeaseTTL is how long an in-flight lease lives without being settled;
+	// default LeaseTTLDefault (3m). A SIGKILLed worker's slots free up after
+	// it.
+	LeaseTTL time.Duration
+	// CooldownBase and CooldownMax shape the 429 cooldown
+	// min(CooldownBase·2^n, CooldownMax), n the consecutive 429s counting
+	// this one; defaults 1s and 120s. The cooldown is never shorter than the
+	// provider's Retry-After.
+	CooldownBase time.Duration
+	CooldownMax  time.Duration
+	// OpTimeout is the deadline of each Redis round trip; default
+	// OpTimeoutDefault (2s). Success, Failure and Release run under it even
+	// when the caller's context is already cancelled, so an abandoned call
+	// still returns its reservation.
+	OpTimeout time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if c.Prefix == "" {
+		c.Prefix = PrefixDefault
+	}
+	if c.LeaseTTL == 0 {
+		c.LeaseTTL = LeaseTTLDefault
+	}
+	if c.CooldownBase == 0 {
+		c.CooldownBase = CooldownBaseDefault
+	}
+	if c.CooldownMax == 0 {
+		c.CooldownMax = CooldownMaxDefault
+	}
+	if c.OpTimeout == 0 {
+		c.OpTimeout = OpTimeoutDefault
+	}
+	c.Keys = append([]Key(nil), c.Keys...)
+	return c
+}
+
+func (c Config) validate() error {
+	if len(c.Keys) == 0 {
+		return errors.New("keypool: Config.Keys is empty")
+	}
+	if c.LeaseTTL < time.Millisecond {
+		return fmt.Errorf("keypool: Config.LeaseTTL must be >= 1ms, got %s", c.LeaseTTL)
+	}
+	if c.CooldownBase < 0 {
+		return fmt.Errorf("keypool: Config.CooldownBase must be > 0, got %s", c.CooldownBase)
+	}
+	if c.CooldownMax < c.CooldownBase {
+		return fmt.Errorf("keypool: Config.CooldownMax (%s) must be >= CooldownBase (%s)", c.CooldownMax, c.CooldownBase)
+	}
+	if c.OpTimeout < 0 {
+		return fmt.Errorf("keypool: Config.OpTimeout must be > 0, got %s", c.OpTimeout)
+	}
+	seen := make(map[string]bool, len(c.Keys))
+	for i, k := range c.Keys {
+		switch {
+		case k.ID == "" || strings.ContainsAny(k.ID, " \t\r\n"):
+			return fmt.Errorf("keypool: Config.Keys[%d].ID must be non-empty without whitespace, got %q", i, k.ID)
+		case seen[k.ID]:
+			return fmt.Errorf("keypool: Config.Keys[%d].ID %q is a duplicate", i, k.ID)
+		case !k.Provider.Valid():
+			return fmt.Errorf("keypool: Config.Keys[%d] (%s).Provider %q is not claude or openai", i, k.ID, k.Provider)
+		case k.Tier == "":
+			return fmt.Errorf("keypool: Config.Keys[%d] (%s).Tier is empty", i, k.ID)
+		case k.APIKey.IsZero():
+			return fmt.Errorf("keypool: Config.Keys[%d] (%s).APIKey is empty", i, k.ID)
+		case k.RPM <= 0:
+			return fmt.Errorf("keypool: Config.Keys[%d] (%s).RPM must be > 0, got %d", i, k.ID, k.RPM)
+		case k.TPM <= 0:
+			return fmt.Errorf("keypool: Config.Keys[%d] (%s).TPM must be > 0, got %d", i, k.ID, k.TPM)
+		case k.MaxInFlight < 0:
+			return fmt.Errorf("keypool: Config.Keys[%d] (%s).MaxInFlight must be >= 0, got %d", i, k.ID, k.MaxInFlight)
+		}
+		seen[k.ID] = true
+	}
+	return nil
+}
+
+// Pool is the key pool shared through Redis by every process that builds
+// one with the same Prefix. It holds no state of its own beyond its
+// configuration; it is safe for concurrent use.
+type Pool struct {
+	rdb    redis.Scripter
+	cfg    Config
+	logger *slog.Logger
+	sc     *scripts
+
+	byID map[string]int // key id → index in cfg.Keys
+	// routes maps a route to its keys' indexes and to the KEYS list of the
+	// acquire script (state hash, lease set per key), both in config order.
+	routes    map[llm.Route][]int
+	routeKeys map[llm.Route][]string
+	allKeys   []string // state hash, lease set of every key, config order
+}
+
+// New builds a Pool on rdb and registers cfg.Keys in Redis: their limits are
+// written (the last process to start wins, so all agree) and a key seen for
+// the first time starts with full buckets. The caller owns rdb and closes
+// it. logger may be nil.
+func New(ctx context.Context, rdb redis.Scripter, cfg Config, logger *slog.Logger) (*Pool, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	p := &Pool{
+		rdb:       rdb,
+		cfg:       cfg,
+		logger:    logger,
+		sc:        newScripts(),
+		byID:      make(map[string]int, len(cfg.Keys)),
+		routes:    make(map[llm.Route][]int),
+		routeKeys: make(map[llm.Route][]string),
+	}
+	for i, k := range cfg.Keys {
+		r := k.Route()
+		sk, lk := stateKey(cfg.Prefix, k.ID), leasesKey(cfg.Prefix, k.ID)
+		p.byID[k.ID] = i
+		p.routes[r] = append(p.routes[r], i)
+		p.routeKeys[r] = append(p.routeKeys[r], sk, lk)
+		p.allKeys = append(p.allKeys, sk, lk)
+	}
+	if err := p.register(ctx); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// register writes every configured key's limits (registerLua).
+func (p *Pool) register(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.OpTimeout)
+	defer cancel()
+	keys := make([]string, len(p.cfg.Keys))
+	args := make([]any, 0, 5*len(p.cfg.Keys))
+	for i, k := range p.cfg.Keys {
+		keys[i] = stateKey(p.cfg.Prefix, k.ID)
+		args = append(args, string(k.Provider), k.Tier, k.RPM, k.TPM, k.MaxInFlight)
+	}
+	res, err := p.sc.register.Run(ctx, p.rdb, keys, args...).Result()
+	if err != nil {
+		return fmt.Errorf("keypool: register keys: %w", err)
+	}
+	changed, ok := res.([]any)
+	if !ok {
+		return fmt.Errorf("keypool: register keys: unexpected reply %T", res)
+	}
+	for _, c := range changed {
+		i, ok := c.(int64)
+		if !ok || i < 1 || int(i) > len(p.cfg.Keys) {
+			return fmt.Errorf("keypool: register keys: unexpected reply element %v", c)
+		}
+		k := p.cfg.Keys[i-1]
+		p.logger.Info("keypool: key limits changed by this process's configuration",
+			"key", k.ID, "route", k.Route().String(), "rpm", k.RPM, "tpm", k.TPM, "max_in_flight", k.MaxInFlight)
+	}
+	return nil
+}
+
+// Routes returns the configured routes and their key counts.
+func (p *Pool) Routes() map[llm.Route]int {
+	out := make(map[llm.Route]int, len(p.routes))
+	for r, idx := range p.routes {
+		out[r] = len(idx)
+	}
+	return out
+}
+
+// Lease is one reservation on one key: a request and EstTokens tokens taken
+// from its buckets and an in-flight slot. End it with exactly one of
+// Success, Failure or Release; Release after either is a no-op, so
+// `defer pool.Release(ctx, lease)` is safe. A settlement that fails in Redis
+// still counts as made: the reservation then stays spent and the slot frees
+// itself at ExpiresAt.
+type Lease struct {
+	// ID identifies the in-flight slot in Redis.
+	ID    string
+	KeyID string
+	Route llm.Route
+	// APIKey is the credential to call with. It prints redacted.
+	APIKey secret.String
+	// EstTokens is the number of tokens reserved.
+	EstTokens int
+	// GrantedAt is the Redis time of the grant.
+	GrantedAt time.Time
+	// ExpiresAt is when the in-flight slot frees itself if never settled.
+	ExpiresAt time.Time
+
+	grantedUS int64
+	settled   atomic.Bool
+}
+
+// timeFromUS converts Redis µs to time.Time.
+func timeFromUS(us int64) time.Time { return time.UnixMicro(us) }

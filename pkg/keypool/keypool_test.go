@@ -1,0 +1,793 @@
+package keypool
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"bulwark/pkg/llm"
+	"bulwark/pkg/secret"
+	"bulwark/pkg/testenv"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+var (
+	haiku  = llm.Route{Provider: llm.ProviderClaude, Tier: "haiku"}
+	sonnet = llm.Route{Provider: llm.ProviderClaude, Tier: "sonnet"}
+	mini   = llm.Route{Provider: llm.ProviderOpenAI, Tier: "gpt4o-mini"}
+)
+
+// secretOf is the credential of test key id; tests search for it in every
+// output the pool produces.
+func secretOf(id string) string { return "sk-test-" + id + "-TOPSECRETVALUE" }
+
+func key(id string, r llm.Route, rpm, tpm int) Key {
+	return Key{ID: id, Provider: r.Provider, Tier: r.Tier, APIKey: secret.New(secretOf(id)), RPM: rpm, TPM: tpm}
+}
+
+type bundle struct {
+	pool *Pool
+	rdb  *redis.Client
+	cfg  Config
+}
+
+// setup builds a pool on the test's own Redis database.
+func setup(t *testing.T, cfg Config) *bundle {
+	t.Helper()
+	rdb := testenv.Redis(t)
+	if cfg.Prefix == "" {
+		cfg.Prefix = "test:keypool:"
+	}
+	p, err := New(context.Background(), rdb, cfg, nil)
+	require.NoError(t, err)
+	return &bundle{pool: p, rdb: rdb, cfg: p.cfg}
+}
+
+func (b *bundle) state(t *testing.T, id string) KeyState {
+	t.Helper()
+	ss, err := b.pool.Snapshot(context.Background())
+	require.NoError(t, err)
+	for _, s := range ss {
+		if s.ID == id {
+			return s
+		}
+	}
+	t.Fatalf("key %s not in snapshot", id)
+	return KeyState{}
+}
+
+func (b *bundle) now(t *testing.T) time.Time {
+	t.Helper()
+	now, err := b.rdb.Time(context.Background()).Result()
+	require.NoError(t, err)
+	return now
+}
+
+// endCooldown ends a key's cooldown early, so a test can walk the cooldown
+// sequence without waiting it out. The 429 count is untouched.
+func (b *bundle) endCooldown(t *testing.T, id string) {
+	t.Helper()
+	require.NoError(t, b.rdb.HSet(context.Background(), stateKey(b.cfg.Prefix, id), "cu", 0).Err())
+}
+
+func (b *bundle) acquire(t *testing.T, r llm.Route, est int) *Lease {
+	t.Helper()
+	l, err := b.pool.Acquire(context.Background(), r, est)
+	require.NoError(t, err)
+	return l
+}
+
+func exhausted(t *testing.T, err error) *ExhaustedError {
+	t.Helper()
+	require.ErrorIs(t, err, ErrExhausted)
+	var ee *ExhaustedError
+	require.ErrorAs(t, err, &ee)
+	require.Positive(t, ee.RetryAfter)
+	return ee
+}
+
+func rateLimited(retryAfter time.Duration) error {
+	return &llm.Error{Class: llm.ClassRateLimited, Provider: llm.ProviderClaude, Status: 429, Code: "rate_limit_error", RetryAfter: retryAfter}
+}
+
+func TestConfigValidate(t *testing.T) {
+	t.Parallel()
+	good := key("a", haiku, 10, 1000)
+	tests := []struct {
+		name    string
+		mutate  func(*Config)
+		wantErr string
+	}{
+		{"no keys", func(c *Config) { c.Keys = nil }, "Config.Keys is empty"},
+		{"empty id", func(c *Config) { c.Keys[0].ID = "" }, "Keys[0].ID"},
+		{"id with space", func(c *Config) { c.Keys[0].ID = "a b" }, "Keys[0].ID"},
+		{"duplicate id", func(c *Config) { c.Keys = append(c.Keys, good) }, "Keys[1].ID \"a\" is a duplicate"},
+		{"bad provider", func(c *Config) { c.Keys[0].Provider = "gemini" }, "Keys[0] (a).Provider"},
+		{"no tier", func(c *Config) { c.Keys[0].Tier = "" }, "Keys[0] (a).Tier"},
+		{"no api key", func(c *Config) { c.Keys[0].APIKey = secret.String{} }, "Keys[0] (a).APIKey"},
+		{"zero rpm", func(c *Config) { c.Keys[0].RPM = 0 }, "Keys[0] (a).RPM must be > 0"},
+		{"zero tpm", func(c *Config) { c.Keys[0].TPM = 0 }, "Keys[0] (a).TPM must be > 0"},
+		{"negative in-flight", func(c *Config) { c.Keys[0].MaxInFlight = -1 }, "MaxInFlight must be >= 0"},
+		{"tiny lease ttl", func(c *Config) { c.LeaseTTL = time.Microsecond }, "Config.LeaseTTL"},
+		{"max below base", func(c *Config) { c.CooldownBase = 10 * time.Second; c.CooldownMax = time.Second }, "Config.CooldownMax"},
+		{"negative op timeout", func(c *Config) { c.OpTimeout = -time.Second }, "Config.OpTimeout"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := Config{Keys: []Key{good}}
+			tt.mutate(&cfg)
+			// Validation fails before any Redis call, so no client is needed.
+			_, err := New(context.Background(), nil, cfg, nil)
+			require.ErrorContains(t, err, tt.wantErr)
+		})
+	}
+
+	cfg := Config{Keys: []Key{good}}.withDefaults()
+	require.NoError(t, cfg.validate())
+	require.Equal(t, PrefixDefault, cfg.Prefix)
+	require.Equal(t, LeaseTTLDefault, cfg.LeaseTTL)
+	require.Equal(t, CooldownBaseDefault, cfg.CooldownBase)
+	require.Equal(t, CooldownMaxDefault, cfg.CooldownMax)
+	require.Equal(t, OpTimeoutDefault, cfg.OpTimeout)
+}
+
+func TestRemaining(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name             string
+		rl               llm.RateLimit
+		wantReq, wantTok int
+	}{
+		{"unknown", llm.RateLimit{RequestsRemaining: 5, TokensRemaining: 7}, -1, -1},
+		{"both said", llm.RateLimit{Known: true, RequestsRemaining: 5, TokensRemaining: 7}, 5, 7},
+		{"zero without limit is absent", llm.RateLimit{Known: true, TokensRemaining: 7}, -1, 7},
+		{"zero with limit is zero", llm.RateLimit{Known: true, RequestsLimit: 60, TokensLimit: 1000}, 0, 0},
+		{"negative is ignored", llm.RateLimit{Known: true, RequestsLimit: 60, RequestsRemaining: -1, TokensRemaining: -1}, -1, -1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			req, tok := remaining(tt.rl)
+			require.Equal(t, tt.wantReq, req)
+			require.Equal(t, tt.wantTok, tok)
+		})
+	}
+}
+
+func TestAcquirePicksMostHeadroom(t *testing.T) {
+	t.Parallel()
+	rdb := testenv.Redis(t)
+	ctx := context.Background()
+	tests := []struct {
+		name    string
+		keys    []Key
+		prepare func(t *testing.T, p *Pool)
+		est     int
+		want    []string // key ids of successive grants
+	}{
+		{
+			name: "fresher request bucket wins",
+			keys: []Key{key("a", haiku, 10, 1000), key("b", haiku, 100, 1000)},
+			want: []string{"b"},
+		},
+		{
+			name: "token headroom counts too",
+			// a: min(9/10, 500/1000) = 0.5; b: min(99/100, 100/600) = 0.17.
+			keys: []Key{key("a", haiku, 10, 1000), key("b", haiku, 100, 600)},
+			est:  500,
+			want: []string{"a"},
+		},
+		{
+			name: "equal keys alternate",
+			keys: []Key{key("a", haiku, 60, 1000), key("b", haiku, 60, 1000), key("c", haiku, 60, 1000)},
+			want: []string{"a", "b", "c", "a", "b", "c"},
+		},
+		{
+			name: "in-flight headroom counts with MaxInFlight",
+			keys: func() []Key {
+				a, b := key("a", haiku, 100, 1000), key("b", haiku, 100, 1000)
+				a.MaxInFlight, b.MaxInFlight = 2, 4
+				return []Key{a, b}
+			}(),
+			// a: min(99/100, 1/2) = 0.5; b: min(.99, 3/4) = .75 → b; then
+			// b: 2/4 = .5 ties a → a (earlier); then b (.5 > a's 0).
+			want: []string{"b", "a", "b", "b"},
+		},
+		{
+			name: "cooling and disabled keys are skipped",
+			keys: []Key{key("a", haiku, 10, 1000), key("b", haiku, 100, 1000), key("c", haiku, 100, 1000)},
+			prepare: func(t *testing.T, p *Pool) {
+				l, err := p.Acquire(ctx, haiku, 0)
+				require.NoError(t, err)
+				require.Equal(t, "b", l.KeyID)
+				require.NoError(t, p.Failure(ctx, l, rateLimited(0)))
+				require.NoError(t, p.Disable(ctx, "c", "test"))
+			},
+			want: []string{"a", "a"},
+		},
+		{
+			name: "other routes are never chosen",
+			keys: []Key{key("a", haiku, 10, 1000), key("s", sonnet, 1000, 100000), key("m", mini, 1000, 100000)},
+			want: []string{"a", "a", "a"},
+		},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			p, err := New(ctx, rdb, Config{Keys: tt.keys, Prefix: fmt.Sprintf("test:headroom:%d:", i)}, nil)
+			require.NoError(t, err)
+			if tt.prepare != nil {
+				tt.prepare(t, p)
+			}
+			var got []string
+			for range tt.want {
+				l, err := p.Acquire(ctx, haiku, tt.est)
+				require.NoError(t, err)
+				got = append(got, l.KeyID)
+			}
+			require.Equal(t, tt.want, got)
+		})
+	}
+}
+
+func TestUnknownRouteAndTooLarge(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{Keys: []Key{key("a", haiku, 10, 1000), key("b", haiku, 10, 2000)}})
+	ctx := context.Background()
+
+	_, err := b.pool.Acquire(ctx, sonnet, 10)
+	require.ErrorIs(t, err, ErrUnknownRoute)
+	require.NotErrorIs(t, err, ErrExhausted)
+
+	_, err = b.pool.Acquire(ctx, haiku, 2001)
+	require.ErrorIs(t, err, ErrTooLarge)
+	require.NotErrorIs(t, err, ErrExhausted)
+
+	// Fits only b: b is chosen although a has equal request headroom.
+	require.Equal(t, "b", b.acquire(t, haiku, 1500).KeyID)
+
+	_, err = b.pool.Acquire(ctx, haiku, -1)
+	require.ErrorContains(t, err, "estTokens must be >= 0")
+}
+
+// TestCooldownSequence walks the design's cooldown min(2^n, 120) s with the
+// default configuration, ending each cooldown early rather than waiting it
+// out, and checks the provider's Retry-After is a floor.
+func TestCooldownSequence(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{Keys: []Key{key("a", haiku, 1000, 100000)}})
+	ctx := context.Background()
+	steps := []struct {
+		retryAfter time.Duration
+		want       time.Duration
+	}{
+		{0, 2 * time.Second},
+		{0, 4 * time.Second},
+		{0, 8 * time.Second},
+		{10 * time.Second, 16 * time.Second}, // Retry-After below the rule
+		{40 * time.Second, 40 * time.Second}, // Retry-After above the rule (32 s)
+		{0, 64 * time.Second},
+		{0, 120 * time.Second},
+		{0, 120 * time.Second},
+		{300 * time.Second, 300 * time.Second},
+		{0, 120 * time.Second},
+	}
+	const tolerance = 250 * time.Millisecond
+	for i, st := range steps {
+		n := i + 1
+		l := b.acquire(t, haiku, 10)
+		require.NoError(t, b.pool.Failure(ctx, l, rateLimited(st.retryAfter)))
+
+		s := b.state(t, "a")
+		require.Equal(t, n, s.Consecutive429s, "step %d", n)
+		got := s.CoolingUntil.Sub(b.now(t))
+		require.InDelta(t, st.want.Seconds(), got.Seconds(), tolerance.Seconds(), "step %d: cooldown", n)
+
+		_, err := b.pool.Acquire(ctx, haiku, 10)
+		ee := exhausted(t, err)
+		require.Equal(t, ReasonCooling, ee.Reason)
+		require.InDelta(t, st.want.Seconds(), ee.RetryAfter.Seconds(), tolerance.Seconds(), "step %d: RetryAfter", n)
+
+		b.endCooldown(t, "a")
+	}
+}
+
+// TestCooldownExpires lets a short cooldown run out for real.
+func TestCooldownExpires(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{Keys: []Key{key("a", haiku, 1000, 100000)}, CooldownBase: 10 * time.Millisecond, CooldownMax: 40 * time.Millisecond})
+	ctx := context.Background()
+	require.NoError(t, b.pool.Failure(ctx, b.acquire(t, haiku, 1), rateLimited(0)))
+
+	_, err := b.pool.Acquire(ctx, haiku, 1)
+	ee := exhausted(t, err)
+	require.Equal(t, ReasonCooling, ee.Reason)
+	require.LessOrEqual(t, ee.RetryAfter, 20*time.Millisecond)
+
+	time.Sleep(ee.RetryAfter) // the cooldown's own end is the event awaited
+	l := b.acquire(t, haiku, 1)
+	require.Equal(t, "a", l.KeyID)
+	require.NoError(t, b.pool.Success(ctx, l, llm.Usage{InputTokens: 1}, llm.RateLimit{}))
+	require.Zero(t, b.state(t, "a").Consecutive429s)
+}
+
+// TestConcurrent429sEscalateOnce: calls in flight when a key is first cooled
+// report the same overload; they must not double the cooldown each.
+func TestConcurrent429sEscalateOnce(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{Keys: []Key{key("a", haiku, 1000, 100000)}})
+	ctx := context.Background()
+	var ls []*Lease
+	for range 4 {
+		ls = append(ls, b.acquire(t, haiku, 10))
+	}
+	for _, l := range ls[:3] {
+		require.NoError(t, b.pool.Failure(ctx, l, rateLimited(0)))
+	}
+	s := b.state(t, "a")
+	require.Equal(t, 1, s.Consecutive429s)
+	require.InDelta(t, 2, s.CoolingUntil.Sub(b.now(t)).Seconds(), 0.25)
+
+	// An echo still honours a longer Retry-After.
+	require.NoError(t, b.pool.Failure(ctx, ls[3], rateLimited(7*time.Second)))
+	s = b.state(t, "a")
+	require.Equal(t, 1, s.Consecutive429s)
+	require.InDelta(t, 7, s.CoolingUntil.Sub(b.now(t)).Seconds(), 0.25)
+
+	// A lease granted after the escalation is new evidence.
+	b.endCooldown(t, "a")
+	require.NoError(t, b.pool.Failure(ctx, b.acquire(t, haiku, 10), rateLimited(0)))
+	require.Equal(t, 2, b.state(t, "a").Consecutive429s)
+}
+
+func TestSuccessResetsCount(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{Keys: []Key{key("a", haiku, 1000, 100000)}})
+	ctx := context.Background()
+	for range 3 {
+		require.NoError(t, b.pool.Failure(ctx, b.acquire(t, haiku, 10), rateLimited(0)))
+		b.endCooldown(t, "a")
+	}
+	require.Equal(t, 3, b.state(t, "a").Consecutive429s)
+
+	require.NoError(t, b.pool.Success(ctx, b.acquire(t, haiku, 10), llm.Usage{InputTokens: 5, OutputTokens: 5}, llm.RateLimit{}))
+	require.Zero(t, b.state(t, "a").Consecutive429s)
+
+	require.NoError(t, b.pool.Failure(ctx, b.acquire(t, haiku, 10), rateLimited(0)))
+	s := b.state(t, "a")
+	require.Equal(t, 1, s.Consecutive429s)
+	require.InDelta(t, 2, s.CoolingUntil.Sub(b.now(t)).Seconds(), 0.25)
+}
+
+func TestQuotaAndAuthDisable(t *testing.T) {
+	t.Parallel()
+	rdb := testenv.Redis(t)
+	ctx := context.Background()
+	for i, tc := range []struct {
+		class      llm.Class
+		code       string
+		wantReason string
+	}{
+		{llm.ClassQuota, "insufficient_quota", "quota (insufficient_quota)"},
+		{llm.ClassAuth, "", "auth"},
+	} {
+		t.Run(string(tc.class), func(t *testing.T) {
+			t.Parallel()
+			p, err := New(ctx, rdb, Config{
+				Keys:   []Key{key("a", mini, 100, 10000), key("b", mini, 10, 10000)},
+				Prefix: fmt.Sprintf("test:disable:%d:", i),
+			}, nil)
+			require.NoError(t, err)
+			l, err := p.Acquire(ctx, mini, 0)
+			require.NoError(t, err)
+			require.Equal(t, "a", l.KeyID)
+			require.NoError(t, p.Failure(ctx, l, &llm.Error{Class: tc.class, Provider: llm.ProviderOpenAI, Status: 429, Code: tc.code}))
+
+			ss, err := p.Snapshot(ctx)
+			require.NoError(t, err)
+			require.True(t, ss[0].Disabled)
+			require.Equal(t, tc.wantReason, ss[0].DisabledReason)
+			require.True(t, ss[0].CoolingUntil.IsZero(), "disabled, not cooled")
+			require.Zero(t, ss[0].Consecutive429s)
+
+			// a is out although it has the most headroom.
+			for range 3 {
+				l, err := p.Acquire(ctx, mini, 0)
+				require.NoError(t, err)
+				require.Equal(t, "b", l.KeyID)
+			}
+			av, err := p.Available(ctx)
+			require.NoError(t, err)
+			require.Equal(t, 1, av[mini])
+
+			require.NoError(t, p.Disable(ctx, "b", ""))
+			_, err = p.Acquire(ctx, mini, 0)
+			ee := exhausted(t, err)
+			require.Equal(t, ReasonDisabled, ee.Reason)
+			require.Equal(t, CooldownMaxDefault, ee.RetryAfter)
+
+			require.NoError(t, p.Enable(ctx, "a"))
+			l, err = p.Acquire(ctx, mini, 0)
+			require.NoError(t, err)
+			require.Equal(t, "a", l.KeyID)
+			require.False(t, snap(t, p)[0].Disabled)
+		})
+	}
+}
+
+func snap(t *testing.T, p *Pool) []KeyState {
+	t.Helper()
+	ss, err := p.Snapshot(context.Background())
+	require.NoError(t, err)
+	return ss
+}
+
+func TestDisableUnknownKey(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{Keys: []Key{key("a", haiku, 10, 1000)}})
+	require.ErrorIs(t, b.pool.Disable(context.Background(), "nope", "x"), ErrUnknownKey)
+	require.ErrorIs(t, b.pool.Enable(context.Background(), "nope"), ErrUnknownKey)
+	require.NoError(t, b.pool.Disable(context.Background(), "a", ""))
+	require.Equal(t, "disabled by operator", b.state(t, "a").DisabledReason)
+}
+
+// TestFailuresThatDoNotCool: overloaded, transient, permanent and errors
+// that are not provider errors refund the tokens, keep the request counted,
+// and leave the cooldown and the 429 count alone.
+func TestFailuresThatDoNotCool(t *testing.T) {
+	t.Parallel()
+	rdb := testenv.Redis(t)
+	ctx := context.Background()
+	for i, callErr := range []error{
+		&llm.Error{Class: llm.ClassOverloaded, Provider: llm.ProviderClaude, Status: 529, Code: "overloaded_error"},
+		&llm.Error{Class: llm.ClassTransient, Provider: llm.ProviderClaude, Status: 502},
+		&llm.Error{Class: llm.ClassPermanent, Provider: llm.ProviderClaude, Status: 400, Code: "invalid_request_error"},
+		fmt.Errorf("call: %w", context.Canceled),
+	} {
+		t.Run(callErr.Error(), func(t *testing.T) {
+			t.Parallel()
+			// 60 RPM and 6000 TPM refill 1 request and 100 tokens per
+			// second: a few ms of test time move them by well under the
+			// tolerances below.
+			p, err := New(ctx, rdb, Config{Keys: []Key{key("a", haiku, 60, 6000)}, Prefix: fmt.Sprintf("test:nocool:%d:", i)}, nil)
+			require.NoError(t, err)
+			// One earlier 429, its cooldown ended: the count must survive.
+			require.NoError(t, p.Failure(ctx, mustAcquire(t, p, haiku, 100), rateLimited(0)))
+			require.NoError(t, rdb.HSet(ctx, stateKey(p.cfg.Prefix, "a"), "cu", 0).Err())
+
+			before := snap(t, p)[0]
+			require.NoError(t, p.Failure(ctx, mustAcquire(t, p, haiku, 3000), callErr))
+			s := snap(t, p)[0]
+			require.True(t, s.CoolingUntil.IsZero(), "cooling after %v", callErr)
+			require.Equal(t, 1, s.Consecutive429s)
+			require.False(t, s.Disabled)
+			require.Zero(t, s.InFlight)
+			require.InDelta(t, before.TokensAvailable, s.TokensAvailable, 5, "tokens refunded")
+			require.InDelta(t, before.RequestsAvailable-1, s.RequestsAvailable, 0.05, "request kept")
+		})
+	}
+}
+
+func mustAcquire(t *testing.T, p *Pool, r llm.Route, est int) *Lease {
+	t.Helper()
+	l, err := p.Acquire(context.Background(), r, est)
+	require.NoError(t, err)
+	return l
+}
+
+func TestSettle(t *testing.T) {
+	t.Parallel()
+	rdb := testenv.Redis(t)
+	ctx := context.Background()
+	const tpm = 6000 // refills 0.1 token per ms
+	tests := []struct {
+		name     string
+		est      int
+		settle   func(p *Pool, l *Lease) error
+		wantUsed float64
+	}{
+		{"refund", 1000, func(p *Pool, l *Lease) error {
+			return p.Success(ctx, l, llm.Usage{InputTokens: 150, OutputTokens: 50}, llm.RateLimit{})
+		}, 200},
+		{"charge", 1000, func(p *Pool, l *Lease) error {
+			return p.Success(ctx, l, llm.Usage{InputTokens: 1000, OutputTokens: 500}, llm.RateLimit{})
+		}, 1500},
+		{"no usage reported keeps the estimate", 1000, func(p *Pool, l *Lease) error {
+			return p.Success(ctx, l, llm.Usage{}, llm.RateLimit{})
+		}, 1000},
+		{"release refunds all", 1000, func(p *Pool, l *Lease) error { return p.Release(ctx, l) }, 0},
+		{"429 keeps the reservation", 1000, func(p *Pool, l *Lease) error { return p.Failure(ctx, l, rateLimited(0)) }, 1000},
+		{"charge into debt", 5000, func(p *Pool, l *Lease) error {
+			return p.Success(ctx, l, llm.Usage{InputTokens: 8000}, llm.RateLimit{})
+		}, 8000},
+	}
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			p, err := New(ctx, rdb, Config{Keys: []Key{key("a", haiku, 600, tpm)}, Prefix: fmt.Sprintf("test:settle:%d:", i)}, nil)
+			require.NoError(t, err)
+			l := mustAcquire(t, p, haiku, tt.est)
+			require.InDelta(t, tpm-tt.est, snap(t, p)[0].TokensAvailable, 5, "reserved at acquire")
+			require.NoError(t, tt.settle(p, l))
+			s := snap(t, p)[0]
+			require.InDelta(t, tpm-tt.wantUsed, s.TokensAvailable, 5)
+			require.Zero(t, s.InFlight)
+			require.ErrorIs(t, p.Success(ctx, l, llm.Usage{InputTokens: 1}, llm.RateLimit{}), ErrSettled)
+			require.NoError(t, p.Release(ctx, l), "Release after a settlement is a no-op")
+			require.InDelta(t, s.TokensAvailable, snap(t, p)[0].TokensAvailable, 5, "no second refund")
+		})
+	}
+
+	t.Run("debt delays the next grant", func(t *testing.T) {
+		t.Parallel()
+		p, err := New(ctx, rdb, Config{Keys: []Key{key("a", haiku, 600, tpm)}, Prefix: "test:settle:debt:"}, nil)
+		require.NoError(t, err)
+		require.NoError(t, p.Success(ctx, mustAcquire(t, p, haiku, 5000), llm.Usage{InputTokens: 8000}, llm.RateLimit{}))
+		// Level ≈ -2000; 100 more tokens need 2100 at 100/s.
+		_, err = p.Acquire(ctx, haiku, 100)
+		ee := exhausted(t, err)
+		require.Equal(t, ReasonTokens, ee.Reason)
+		require.InDelta(t, 21, ee.RetryAfter.Seconds(), 0.1)
+	})
+}
+
+func TestReleaseWithCancelledContext(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{Keys: []Key{key("a", haiku, 600, 6000)}})
+	l := b.acquire(t, haiku, 3000)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.NoError(t, b.pool.Release(ctx, l))
+	s := b.state(t, "a")
+	require.Zero(t, s.InFlight)
+	require.InDelta(t, 6000, s.TokensAvailable, 5)
+}
+
+func TestHeaderCorrection(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{Keys: []Key{key("a", haiku, 100, 10000)}})
+	ctx := context.Background()
+
+	// Headers not marked Known are ignored.
+	require.NoError(t, b.pool.Success(ctx, b.acquire(t, haiku, 100), llm.Usage{InputTokens: 100},
+		llm.RateLimit{RequestsLimit: 100, RequestsRemaining: 1, TokensLimit: 10000, TokensRemaining: 1}))
+	s := b.state(t, "a")
+	require.Greater(t, s.RequestsAvailable, 98.0)
+	require.Greater(t, s.TokensAvailable, 9890.0)
+
+	// Lower: the buckets follow the provider down.
+	require.NoError(t, b.pool.Success(ctx, b.acquire(t, haiku, 100), llm.Usage{InputTokens: 100},
+		llm.RateLimit{Known: true, RequestsLimit: 100, RequestsRemaining: 10, TokensLimit: 10000, TokensRemaining: 500}))
+	s = b.state(t, "a")
+	require.InDelta(t, 10, s.RequestsAvailable, 0.1)
+	require.InDelta(t, 500, s.TokensAvailable, 5)
+
+	// Higher: never raised above our own model.
+	require.NoError(t, b.pool.Success(ctx, b.acquire(t, haiku, 100), llm.Usage{InputTokens: 100},
+		llm.RateLimit{Known: true, RequestsLimit: 100, RequestsRemaining: 90, TokensLimit: 10000, TokensRemaining: 9000}))
+	s = b.state(t, "a")
+	require.InDelta(t, 9, s.RequestsAvailable, 0.1)
+	require.InDelta(t, 400, s.TokensAvailable, 5)
+
+	// A 429's headers lower too: remaining 0 empties the request bucket.
+	rl := rateLimited(0).(*llm.Error)
+	rl.RateLimit = llm.RateLimit{Known: true, RequestsLimit: 100}
+	require.NoError(t, b.pool.Failure(ctx, b.acquire(t, haiku, 100), rl))
+	require.InDelta(t, 0, b.state(t, "a").RequestsAvailable, 0.1)
+}
+
+func TestLeaseExpiryFreesInFlightSlot(t *testing.T) {
+	t.Parallel()
+	k := key("a", haiku, 1000, 100000)
+	k.MaxInFlight = 1
+	b := setup(t, Config{Keys: []Key{k}, LeaseTTL: 300 * time.Millisecond})
+	ctx := context.Background()
+
+	dead := b.acquire(t, haiku, 10) // its worker "dies": never settled
+	require.Equal(t, 1, b.state(t, "a").InFlight)
+	_, err := b.pool.Acquire(ctx, haiku, 10)
+	ee := exhausted(t, err)
+	require.Equal(t, ReasonInFlight, ee.Reason)
+	require.LessOrEqual(t, ee.RetryAfter, 300*time.Millisecond)
+	require.Greater(t, ee.RetryAfter, 200*time.Millisecond)
+
+	time.Sleep(ee.RetryAfter) // the lease's expiry is the event awaited
+	l := b.acquire(t, haiku, 10)
+	require.Equal(t, 1, b.state(t, "a").InFlight)
+	members, err := b.rdb.ZRange(ctx, leasesKey(b.cfg.Prefix, "a"), 0, -1).Result()
+	require.NoError(t, err)
+	require.Equal(t, []string{l.ID}, members, "the expired lease was dropped")
+
+	// The late settlement of the expired lease frees nothing of l's.
+	require.NoError(t, b.pool.Success(ctx, dead, llm.Usage{InputTokens: 10}, llm.RateLimit{}))
+	require.Equal(t, 1, b.state(t, "a").InFlight)
+	require.NoError(t, b.pool.Success(ctx, l, llm.Usage{InputTokens: 10}, llm.RateLimit{}))
+	require.Zero(t, b.state(t, "a").InFlight)
+}
+
+// drain empties both buckets of the route's keys through the header
+// correction, so a test starts from a known, empty state.
+func drain(t *testing.T, p *Pool, r llm.Route, requests, tokens bool) {
+	t.Helper()
+	ctx := context.Background()
+	rl := llm.RateLimit{Known: true}
+	if requests {
+		rl.RequestsLimit = 1
+	}
+	if tokens {
+		rl.TokensLimit = 1
+	}
+	seen := map[string]bool{}
+	for len(seen) < len(p.routes[r]) {
+		l := mustAcquire(t, p, r, 0)
+		seen[l.KeyID] = true
+		require.NoError(t, p.Success(ctx, l, llm.Usage{}, rl))
+	}
+}
+
+func TestExhaustedRetryAfterIsAccurate(t *testing.T) {
+	t.Parallel()
+	// 600 RPM: one request per 100 ms. b is cooling for 2 s.
+	b := setup(t, Config{Keys: []Key{key("a", haiku, 600, 1000000), key("b", haiku, 600, 1000000)}})
+	ctx := context.Background()
+	la, lb := b.acquire(t, haiku, 0), b.acquire(t, haiku, 0)
+	require.Equal(t, []string{"a", "b"}, []string{la.KeyID, lb.KeyID})
+	require.NoError(t, b.pool.Failure(ctx, lb, rateLimited(0)))
+	require.NoError(t, b.pool.Success(ctx, la, llm.Usage{}, llm.RateLimit{Known: true, RequestsLimit: 600}))
+	require.False(t, b.state(t, "b").CoolingUntil.IsZero())
+
+	_, err := b.pool.Acquire(ctx, haiku, 0)
+	ee := exhausted(t, err)
+	require.Equal(t, ReasonRequests, ee.Reason, "a's refill (100 ms) comes before b's cooldown (2 s)")
+	require.LessOrEqual(t, ee.RetryAfter, 100*time.Millisecond)
+	require.Greater(t, ee.RetryAfter, 80*time.Millisecond)
+
+	// Half way there is still no room, and the new estimate shrank.
+	time.Sleep(ee.RetryAfter / 2)
+	_, err = b.pool.Acquire(ctx, haiku, 0)
+	ee2 := exhausted(t, err)
+	require.Less(t, ee2.RetryAfter, ee.RetryAfter*6/10)
+
+	// Exactly RetryAfter later there is.
+	time.Sleep(ee2.RetryAfter)
+	require.Equal(t, "a", b.acquire(t, haiku, 0).KeyID)
+}
+
+func TestSnapshotAndLogsNeverContainTheKey(t *testing.T) {
+	t.Parallel()
+	var logs bytes.Buffer
+	logger := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	rdb := testenv.Redis(t)
+	ctx := context.Background()
+	cfg := Config{Keys: []Key{key("a", haiku, 100, 10000), key("b", haiku, 100, 10000)}, Prefix: "test:secret:"}
+	p, err := New(ctx, rdb, cfg, logger)
+	require.NoError(t, err)
+
+	var outputs []string
+	l := mustAcquire(t, p, haiku, 100)
+	require.Equal(t, secretOf(l.KeyID), l.APIKey.Reveal(), "the lease carries the real credential")
+	outputs = append(outputs, fmt.Sprintf("%v %+v %#v", l, l, l))
+	require.NoError(t, p.Success(ctx, l, llm.Usage{InputTokens: 10}, llm.RateLimit{Known: true, RequestsLimit: 100, RequestsRemaining: 3}))
+	require.NoError(t, p.Failure(ctx, mustAcquire(t, p, haiku, 100), rateLimited(time.Second)))
+	require.NoError(t, p.Failure(ctx, mustAcquire(t, p, haiku, 100), &llm.Error{Class: llm.ClassAuth, Provider: llm.ProviderClaude, Status: 401}))
+	_, err = p.Acquire(ctx, haiku, 100)
+	outputs = append(outputs, err.Error())
+	require.NoError(t, p.Enable(ctx, "a"))
+	require.NoError(t, p.Disable(ctx, "b", "manual"))
+
+	ss, err := p.Snapshot(ctx)
+	require.NoError(t, err)
+	js, err := json.Marshal(ss)
+	require.NoError(t, err)
+	outputs = append(outputs, string(js), fmt.Sprintf("%v %+v %#v", ss, ss, ss), logs.String())
+
+	// Everything the pool wrote to Redis.
+	keys, err := rdb.Keys(ctx, "*").Result()
+	require.NoError(t, err)
+	require.NotEmpty(t, keys)
+	for _, k := range keys {
+		outputs = append(outputs, k)
+		switch typ := rdb.Type(ctx, k).Val(); typ {
+		case "hash":
+			outputs = append(outputs, fmt.Sprint(rdb.HGetAll(ctx, k).Val()))
+		case "zset":
+			outputs = append(outputs, fmt.Sprint(rdb.ZRangeWithScores(ctx, k, 0, -1).Val()))
+		default:
+			t.Errorf("unexpected Redis key %s of type %s", k, typ)
+		}
+	}
+	for _, out := range outputs {
+		for _, id := range []string{"a", "b"} {
+			require.NotContains(t, out, secretOf(id))
+			require.NotContains(t, out, "TOPSECRET")
+		}
+	}
+	require.Contains(t, logs.String(), "cooling", "the logs were captured")
+}
+
+// TestRegistrationKeepsState: a second process starting (New) does not
+// refill the buckets; changed limits are taken by every process and clamp
+// the levels.
+func TestRegistrationKeepsState(t *testing.T) {
+	t.Parallel()
+	opts := testenv.RedisOptions(t)
+	ctx := context.Background()
+	newProc := func(rpm int) *Pool {
+		c := redis.NewClient(opts)
+		t.Cleanup(func() { c.Close() })
+		p, err := New(ctx, c, Config{Keys: []Key{key("a", haiku, rpm, 100000)}, Prefix: "test:reg:"}, nil)
+		require.NoError(t, err)
+		return p
+	}
+	p1 := newProc(60)
+	for range 20 {
+		mustAcquire(t, p1, haiku, 0)
+	}
+	p2 := newProc(60)
+	require.InDelta(t, 40, snap(t, p2)[0].RequestsAvailable, 0.2)
+
+	p3 := newProc(30)
+	s := snap(t, p1)[0]
+	require.Equal(t, 30, s.RPM, "p1 sees the limit p3 registered")
+	require.InDelta(t, 30, s.RequestsAvailable, 0.01)
+	_ = p3
+}
+
+func TestReRegistersAfterRedisLosesState(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{Keys: []Key{key("a", haiku, 60, 1000), key("b", sonnet, 60, 1000)}})
+	ctx := context.Background()
+	mustAcquire(t, b.pool, haiku, 0)
+	require.NoError(t, b.rdb.FlushDB(ctx).Err())
+	require.False(t, b.state(t, "a").Registered)
+
+	l := b.acquire(t, haiku, 0)
+	require.Equal(t, "a", l.KeyID)
+	s := b.state(t, "a")
+	require.True(t, s.Registered)
+	require.InDelta(t, 59, s.RequestsAvailable, 0.1)
+	require.NoError(t, b.pool.Success(ctx, l, llm.Usage{InputTokens: 1}, llm.RateLimit{}))
+}
+
+func TestAvailable(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{Keys: []Key{
+		key("h1", haiku, 100, 10000), key("h2", haiku, 100, 10000), key("h3", haiku, 100, 10000),
+		key("s1", sonnet, 100, 10000),
+	}})
+	ctx := context.Background()
+	av, err := b.pool.Available(ctx)
+	require.NoError(t, err)
+	require.Equal(t, map[llm.Route]int{haiku: 3, sonnet: 1}, av)
+
+	require.NoError(t, b.pool.Failure(ctx, b.acquire(t, haiku, 0), rateLimited(0)))
+	require.NoError(t, b.pool.Disable(ctx, "h3", "test"))
+	require.NoError(t, b.pool.Failure(ctx, b.acquire(t, sonnet, 0), rateLimited(0)))
+	av, err = b.pool.Available(ctx)
+	require.NoError(t, err)
+	require.Equal(t, map[llm.Route]int{haiku: 1, sonnet: 0}, av)
+	require.Equal(t, map[llm.Route]int{haiku: 3, sonnet: 1}, b.pool.Routes())
+}
+
+func TestSettleForeignLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{Keys: []Key{key("a", haiku, 100, 10000)}})
+	ctx := context.Background()
+	err := b.pool.Success(ctx, &Lease{KeyID: "zzz"}, llm.Usage{}, llm.RateLimit{})
+	require.ErrorIs(t, err, ErrUnknownKey)
+	require.Error(t, b.pool.Release(ctx, nil))
+	require.True(t, errors.Is(b.pool.Failure(ctx, &Lease{KeyID: "zzz"}, nil), ErrUnknownKey))
+}

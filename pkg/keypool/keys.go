@@ -1,0 +1,15 @@
+package keypool
+
+// Redis key builders: every key name the pool uses comes from here, so a
+// prefix isolates one pool (or one test) from every other.
+
+// stateKey is the hash holding one provider key's limits and state:
+// provider, tier, rpm, tpm, mif (limits, written at registration), rl, tl, ts
+// (bucket levels and the Redis time in µs they were computed at), n
+// (consecutive 429s), cu (cooling until, µs), cs (time of the last cooldown
+// escalation, µs), off and off_at (disable reason and time).
+func stateKey(prefix, keyID string) string { return prefix + "key:" + keyID }
+
+// leasesKey is the sorted set of one provider key's in-flight lease ids,
+// scored by lease expiry (Redis time in µs).
+func leasesKey(prefix, keyID string) string { return prefix + "leases:" + keyID }

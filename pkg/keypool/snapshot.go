@@ -1,0 +1,170 @@
+package keypool
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"bulwark/pkg/llm"
+)
+
+// KeyState is the admin view of one key. It carries no credential.
+type KeyState struct {
+	ID          string       `json:"id"`
+	Provider    llm.Provider `json:"provider"`
+	Tier        string       `json:"model_tier"`
+	RPM         int          `json:"rpm_limit"`
+	TPM         int          `json:"tpm_limit"`
+	MaxInFlight int          `json:"max_in_flight,omitempty"`
+	// RequestsAvailable and TokensAvailable are the bucket levels now (a
+	// negative value is a debt still to refill).
+	RequestsAvailable float64 `json:"requests_available"`
+	TokensAvailable   float64 `json:"tokens_available"`
+	// RPMUtilisation and TPMUtilisation are 1 - level/limit, clamped to
+	// [0, 1]: 0 is an idle key, 1 an empty bucket.
+	RPMUtilisation float64 `json:"rpm_utilisation"`
+	TPMUtilisation float64 `json:"tpm_utilisation"`
+	// InFlight counts live (unexpired) leases.
+	InFlight int `json:"in_flight"`
+	// CoolingUntil is the end of the current cooldown, zero when not cooling.
+	CoolingUntil    time.Time `json:"cooling_until,omitzero"`
+	Consecutive429s int       `json:"consecutive_429s"`
+	Disabled        bool      `json:"disabled"`
+	DisabledReason  string    `json:"disabled_reason,omitempty"`
+	// Registered is false when Redis holds no state for the key (it was
+	// flushed); the next Acquire registers it again.
+	Registered bool `json:"registered"`
+}
+
+// Available reports whether the key can be chosen at all now: enabled and
+// not cooling (its buckets may still be short).
+func (s KeyState) Available(now time.Time) bool {
+	return s.Registered && !s.Disabled && !s.CoolingUntil.After(now)
+}
+
+// Snapshot returns every configured key's state at one Redis instant, in
+// configuration order. The limits shown are those stored in Redis (the last
+// registration wins).
+func (p *Pool) Snapshot(ctx context.Context) ([]KeyState, error) {
+	_, states, err := p.snapshot(ctx)
+	return states, err
+}
+
+// Available returns, for every configured route, how many keys are enabled
+// and not cooling: the figure behind the "available keys < 2" alert.
+func (p *Pool) Available(ctx context.Context) (map[llm.Route]int, error) {
+	now, states, err := p.snapshot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[llm.Route]int, len(p.routes))
+	for r := range p.routes {
+		out[r] = 0
+	}
+	for _, s := range states {
+		if s.Available(now) {
+			out[llm.Route{Provider: s.Provider, Tier: s.Tier}]++
+		}
+	}
+	return out, nil
+}
+
+func (p *Pool) snapshot(ctx context.Context) (time.Time, []KeyState, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.OpTimeout)
+	defer cancel()
+	res, err := p.sc.snapshot.Run(ctx, p.rdb, p.allKeys).Slice()
+	if err != nil {
+		return time.Time{}, nil, fmt.Errorf("keypool: snapshot: %w", err)
+	}
+	nowUS, err := replyInt(res, 0)
+	if err != nil {
+		return time.Time{}, nil, fmt.Errorf("keypool: snapshot: %w", err)
+	}
+	if len(res) != 1+len(p.cfg.Keys) {
+		return time.Time{}, nil, fmt.Errorf("keypool: snapshot: reply has %d elements, want %d", len(res), 1+len(p.cfg.Keys))
+	}
+	now := timeFromUS(nowUS)
+	out := make([]KeyState, len(p.cfg.Keys))
+	for i, k := range p.cfg.Keys {
+		s, err := parseKeyState(k, res[i+1], nowUS)
+		if err != nil {
+			return time.Time{}, nil, fmt.Errorf("keypool: snapshot key %s: %w", k.ID, err)
+		}
+		out[i] = s
+	}
+	return now, out, nil
+}
+
+// parseKeyState reads one snapshotLua row:
+// {rpm, tpm, mif, rl, tl, ts, n, cu, off, live leases}.
+func parseKeyState(k Key, row any, nowUS int64) (KeyState, error) {
+	v, ok := row.([]any)
+	if !ok || len(v) != 10 {
+		return KeyState{}, fmt.Errorf("unexpected row %T of length %d", row, len(v))
+	}
+	s := KeyState{ID: k.ID, Provider: k.Provider, Tier: k.Tier}
+	var f [9]float64
+	var present [9]bool
+	for j := range 9 {
+		if v[j] == nil {
+			continue
+		}
+		str, ok := v[j].(string)
+		if !ok {
+			return KeyState{}, fmt.Errorf("field %d is %T, want string", j, v[j])
+		}
+		if j == 8 { // off: the disable reason
+			s.Disabled, s.DisabledReason = true, str
+			continue
+		}
+		x, err := strconv.ParseFloat(str, 64)
+		if err != nil {
+			return KeyState{}, fmt.Errorf("field %d: %w", j, err)
+		}
+		f[j], present[j] = x, true
+	}
+	inflight, ok := v[9].(int64)
+	if !ok {
+		return KeyState{}, fmt.Errorf("lease count is %T, want integer", v[9])
+	}
+	s.InFlight = int(inflight)
+	if !present[0] || !present[1] {
+		// Not registered: report the configured limits, nothing else known.
+		s.RPM, s.TPM, s.MaxInFlight = k.RPM, k.TPM, k.MaxInFlight
+		return s, nil
+	}
+	s.Registered = true
+	s.RPM, s.TPM, s.MaxInFlight = int(f[0]), int(f[1]), int(f[2])
+	ts := f[5]
+	if !present[5] {
+		ts = float64(nowUS)
+	}
+	s.RequestsAvailable = refill(valueOr(f[3], present[3], f[0]), f[0], ts, float64(nowUS))
+	s.TokensAvailable = refill(valueOr(f[4], present[4], f[1]), f[1], ts, float64(nowUS))
+	s.RPMUtilisation = utilisation(s.RequestsAvailable, f[0])
+	s.TPMUtilisation = utilisation(s.TokensAvailable, f[1])
+	s.Consecutive429s = int(f[6])
+	if cu := int64(f[7]); cu > nowUS {
+		s.CoolingUntil = timeFromUS(cu)
+	}
+	return s, nil
+}
+
+// refill mirrors the scripts' refill: level grown by the elapsed µs at cap
+// per minute, clamped to cap.
+func refill(level, capacity, ts, now float64) float64 {
+	dt := max(now-ts, 0)
+	return min(level+dt*capacity/60e6, capacity)
+}
+
+func utilisation(level, capacity float64) float64 {
+	return min(max(1-level/capacity, 0), 1)
+}
+
+func valueOr(v float64, ok bool, def float64) float64 {
+	if ok {
+		return v
+	}
+	return def
+}
