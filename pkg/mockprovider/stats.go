@@ -1,0 +1,150 @@
+package mockprovider
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"maps"
+	"net/http"
+)
+
+// Fingerprint names an API key without revealing it: "fp_" + the first 10
+// hex digits of its SHA-256. Stats, faults and logs refer to keys only by
+// fingerprint.
+func Fingerprint(apiKey string) string {
+	sum := sha256.Sum256([]byte(apiKey))
+	return "fp_" + hex.EncodeToString(sum[:])[:10]
+}
+
+// Counters counts what the mock answered, for one key or one provider.
+type Counters struct {
+	// Requests counts authenticated requests to a provider endpoint,
+	// whatever their outcome.
+	Requests int64 `json:"requests"`
+	// OK counts 200 answers (chat and embeddings).
+	OK int64 `json:"ok"`
+	// RateLimited counts 429s from the RPM/TPM buckets: over-subscription
+	// by the caller. Injected 429s are not counted here.
+	RateLimited int64 `json:"rate_limited"`
+	// Injected counts injected faults by mode.
+	Injected map[FaultMode]int64 `json:"injected,omitempty"`
+	// Invalid counts 4xx answers to malformed requests.
+	Invalid int64 `json:"invalid"`
+	// Unauthorized counts requests without a key (provider totals only:
+	// there is no key to file them under).
+	Unauthorized int64 `json:"unauthorized,omitempty"`
+	// InputTokens and OutputTokens sum the usage of OK answers.
+	InputTokens  int64 `json:"input_tokens"`
+	OutputTokens int64 `json:"output_tokens"`
+	// Embeddings counts OK embeddings requests; EmbeddingInputs the vectors
+	// they returned.
+	Embeddings      int64 `json:"embeddings"`
+	EmbeddingInputs int64 `json:"embedding_inputs"`
+}
+
+// Stats is a snapshot of the mock's counters.
+type Stats struct {
+	// Keys holds counters per key, by Fingerprint, across providers.
+	Keys map[string]Counters `json:"keys"`
+	// Providers holds totals per provider: "claude" and "openai"
+	// (embeddings count under openai).
+	Providers map[string]Counters `json:"providers"`
+}
+
+// Total returns the counters of both providers summed.
+func (s Stats) Total() Counters {
+	var t Counters
+	for _, c := range s.Providers {
+		t.add(c)
+	}
+	return t
+}
+
+func (c *Counters) add(o Counters) {
+	c.Requests += o.Requests
+	c.OK += o.OK
+	c.RateLimited += o.RateLimited
+	c.Invalid += o.Invalid
+	c.Unauthorized += o.Unauthorized
+	c.InputTokens += o.InputTokens
+	c.OutputTokens += o.OutputTokens
+	c.Embeddings += o.Embeddings
+	c.EmbeddingInputs += o.EmbeddingInputs
+	for m, n := range o.Injected {
+		if c.Injected == nil {
+			c.Injected = map[FaultMode]int64{}
+		}
+		c.Injected[m] += n
+	}
+}
+
+func (c Counters) clone() Counters {
+	c.Injected = maps.Clone(c.Injected)
+	return c
+}
+
+// book holds the live counters. Guarded by Server.mu.
+type book struct {
+	keys      map[string]*Counters
+	providers map[string]*Counters
+}
+
+func newBook() *book {
+	return &book{keys: map[string]*Counters{}, providers: map[string]*Counters{}}
+}
+
+// record applies f to the counters of key fp (none when fp is "") and of
+// provider p.
+func (b *book) record(p provider, fp string, f func(*Counters)) {
+	pc := b.providers[string(p)]
+	if pc == nil {
+		pc = &Counters{}
+		b.providers[string(p)] = pc
+	}
+	f(pc)
+	if fp == "" {
+		return
+	}
+	kc := b.keys[fp]
+	if kc == nil {
+		kc = &Counters{}
+		b.keys[fp] = kc
+	}
+	f(kc)
+}
+
+func (b *book) snapshot() Stats {
+	s := Stats{Keys: make(map[string]Counters, len(b.keys)), Providers: make(map[string]Counters, len(b.providers))}
+	for k, c := range b.keys {
+		s.Keys[k] = c.clone()
+	}
+	for p, c := range b.providers {
+		s.Providers[p] = c.clone()
+	}
+	return s
+}
+
+// Stats returns a snapshot of the counters. Safe for concurrent use.
+func (s *Server) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.book.snapshot()
+}
+
+// Reset zeroes the counters and refills every bucket. Faults and latency
+// stay as they are.
+func (s *Server) Reset() {
+	s.mu.Lock()
+	s.book = newBook()
+	s.limiters = map[limiterKey]*limiter{}
+	s.mu.Unlock()
+	s.log.Info("mock provider: counters and buckets reset")
+}
+
+func (s *Server) handleStats(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, s.Stats())
+}
+
+func (s *Server) handleReset(w http.ResponseWriter, _ *http.Request) {
+	s.Reset()
+	w.WriteHeader(http.StatusNoContent)
+}

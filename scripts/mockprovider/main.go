@@ -1,0 +1,114 @@
+// Command mockprovider serves the mock LLM provider (pkg/mockprovider) that
+// `make run`, tests and benchmarks talk to instead of Anthropic and OpenAI.
+//
+//	go run ./scripts/mockprovider -addr 127.0.0.1:8090 -rpm 600 -tpm 200000 -latency 300ms
+//
+// Each flag falls back to an environment variable: BULWARK_MOCK_ADDR,
+// BULWARK_MOCK_RPM, BULWARK_MOCK_TPM, BULWARK_MOCK_LATENCY,
+// BULWARK_MOCK_JITTER. It stops on SIGINT or SIGTERM.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"bulwark/pkg/mockprovider"
+)
+
+// shutdownTimeout bounds the drain of in-flight answers at stop.
+const shutdownTimeout = 10 * time.Second
+
+func main() {
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if err := run(log); err != nil {
+		log.Error("mock provider failed", "err", err)
+		os.Exit(1)
+	}
+}
+
+func run(log *slog.Logger) error {
+	var cfg mockprovider.Config
+	addr := flag.String("addr", envString("BULWARK_MOCK_ADDR", "127.0.0.1:8090"), "listen address (env BULWARK_MOCK_ADDR)")
+	flag.IntVar(&cfg.DefaultLimits.RPM, "rpm", envInt("BULWARK_MOCK_RPM", 600), "requests per minute per key, 0 = unlimited (env BULWARK_MOCK_RPM)")
+	flag.IntVar(&cfg.DefaultLimits.TPM, "tpm", envInt("BULWARK_MOCK_TPM", 200000), "tokens per minute per key, 0 = unlimited (env BULWARK_MOCK_TPM)")
+	flag.DurationVar(&cfg.Latency, "latency", envDuration("BULWARK_MOCK_LATENCY", 300*time.Millisecond), "latency before each answer (env BULWARK_MOCK_LATENCY)")
+	flag.DurationVar(&cfg.LatencyJitter, "jitter", envDuration("BULWARK_MOCK_JITTER", 0), "latency spread ± (env BULWARK_MOCK_JITTER)")
+	flag.Parse()
+	cfg.Logger = log
+
+	mock, err := mockprovider.New(cfg)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Addr: *addr, Handler: mock, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	errc := make(chan error, 1)
+	go func() { errc <- srv.ListenAndServe() }()
+	log.Info("mock provider listening", "addr", *addr, "rpm", cfg.DefaultLimits.RPM, "tpm", cfg.DefaultLimits.TPM,
+		"latency", cfg.Latency, "jitter", cfg.LatencyJitter)
+
+	select {
+	case err := <-errc:
+		return fmt.Errorf("listen on %s: %w", *addr, err)
+	case <-ctx.Done():
+	}
+	// Shutdown order: release requests hanging on a timeout fault (they
+	// would hold Shutdown until its deadline), then stop intake and drain.
+	log.Info("mock provider stopping")
+	mock.Close()
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	if err := <-errc; !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serve: %w", err)
+	}
+	return nil
+}
+
+func envString(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// envInt and envDuration exit on a malformed value rather than silently
+// using the default.
+func envInt(name string, def int) int {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s=%q: want an integer\n", name, v)
+		os.Exit(2)
+	}
+	return n
+}
+
+func envDuration(name string, def time.Duration) time.Duration {
+	v := os.Getenv(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s=%q: want a duration such as 300ms\n", name, v)
+		os.Exit(2)
+	}
+	return d
+}
