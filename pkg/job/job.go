@@ -59,7 +59,10 @@ type Job struct {
 	CacheWrite bool `json:"cache_write"`
 	// CacheKey identifies identical requests (scope + prompt hash) for
 	// coalescing and the cache write; empty when the cache is off.
-	CacheKey  string    `json:"cache_key,omitempty"`
+	CacheKey string `json:"cache_key,omitempty"`
+	// Embedding of the prompt, computed once at the cache lookup and
+	// reused for the cache write.
+	Embedding []float32 `json:"embedding,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
 	// Deadline is when a request that has not started fails
 	// (created_at + queue_max_wait).

@@ -199,7 +199,7 @@ func (q *Queue) Admit(ctx context.Context) error {
 	// Room for one more appears once one request drains; say when a tenth
 	// of the queue will have, so retries do not stampede.
 	n := max(1, (total-q.cfg.MaxDepth)+q.cfg.MaxDepth/10)
-	return &FullError{Depth: total, RetryAfter: etaFor(n, rate)}
+	return &FullError{Depth: total, RetryAfter: ETAFor(n, rate)}
 }
 
 // RecordStart notes that a request started (drain rate) and wakes position
@@ -247,10 +247,12 @@ func (q *Queue) ETA(ctx context.Context, n int) (time.Duration, error) {
 	if err != nil {
 		return 0, err
 	}
-	return etaFor(n, rate), nil
+	return ETAFor(n, rate), nil
 }
 
-func etaFor(n int, rate float64) time.Duration {
+// ETAFor is the expected wait at position n when requests drain at rate
+// per second, rounded up to whole seconds.
+func ETAFor(n int, rate float64) time.Duration {
 	if n <= 0 {
 		return 0
 	}

@@ -1,0 +1,350 @@
+// Package dispatch is the worker's task handler: layers 2 to 5 for one
+// request. It takes a global slot for the request's priority, asks the
+// breakers and the key pool for a route and a key, calls the provider,
+// falls back to the equivalent tier of the other provider, and when every
+// route is exhausted re-enqueues the request with a delay equal to the
+// earliest time capacity returns. It never hot-loops and never drops a
+// request: every path ends in completed, failed (with a reason), or a
+// delayed retry that asynq does not count as a failure.
+//
+// Error classes (pkg/llm) drive every decision:
+//
+//	rate_limited  key cools (keypool), breaker counts a failure, next key
+//	quota, auth   key disabled until an operator re-enables it, alert, next key
+//	overloaded    breaker counts a failure, next provider (no key cooldown)
+//	transient     jittered backoff, next key; after a few, asynq retry
+//	permanent     the request fails at once with the provider's message
+package dispatch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"bulwark/pkg/breaker"
+	"bulwark/pkg/job"
+	"bulwark/pkg/keypool"
+	"bulwark/pkg/llm"
+	"bulwark/pkg/metrics"
+	"bulwark/pkg/priority"
+	"bulwark/pkg/queue"
+	"bulwark/pkg/slots"
+)
+
+// KeyPool is the part of keypool.Pool the dispatcher uses.
+type KeyPool interface {
+	Acquire(ctx context.Context, route llm.Route, estTokens int) (*keypool.Lease, error)
+	Success(ctx context.Context, l *keypool.Lease, usage llm.Usage, rl llm.RateLimit) error
+	Failure(ctx context.Context, l *keypool.Lease, callErr error) error
+	Release(ctx context.Context, l *keypool.Lease) error
+}
+
+// Breakers is the part of breaker.Set the dispatcher uses.
+type Breakers interface {
+	Allow(ctx context.Context, name string) (*breaker.Permit, error)
+}
+
+// Slots is the global concurrency limiter.
+type Slots interface {
+	Acquire(ctx context.Context, p priority.Priority) (*slots.Slot, error)
+}
+
+// Jobs is the live request store.
+type Jobs interface {
+	Get(ctx context.Context, id string) (*job.Record, error)
+	Apply(ctx context.Context, id string, c job.Change) (string, error)
+}
+
+// Starts records dequeues for the drain rate and position updates.
+type Starts interface {
+	RecordStart(ctx context.Context, id string) error
+}
+
+// Finisher is told about every request that ended: history, cache write,
+// coalescing release. It must not block for long.
+type Finisher interface {
+	Finished(ctx context.Context, rec *job.Record)
+}
+
+// Alerter receives alert-worthy conditions (a key disabled for quota).
+type Alerter interface {
+	KeyDisabled(ctx context.Context, keyID string, route llm.Route, reason string)
+}
+
+// Config configures the dispatcher.
+type Config struct {
+	Clients map[llm.Provider]llm.Client
+	// Fallback returns the equivalent route of the other provider.
+	Fallback func(llm.Route) (llm.Route, bool)
+	// ModelName returns a route's provider model name.
+	ModelName func(llm.Route) string
+	// Price of a route, for cost metrics.
+	Price func(llm.Route) metrics.Price
+	// MaxKeyTries bounds calls on one route within one attempt. Default 4.
+	MaxKeyTries int
+	// MinWait is the shortest re-enqueue delay. Default 100ms.
+	MinWait time.Duration
+	// MaxTransientWait caps the delay of an asynq retry after transient
+	// failures. Default 30s.
+	MaxTransientWait time.Duration
+}
+
+// Dispatcher handles bulwark:call tasks. It is safe for concurrent use.
+type Dispatcher struct {
+	cfg      Config
+	jobs     Jobs
+	starts   Starts
+	slots    Slots
+	pool     KeyPool
+	breakers Breakers
+	finisher Finisher
+	alerter  Alerter
+	metrics  *metrics.Metrics
+	logger   *slog.Logger
+}
+
+// Deps are the dispatcher's collaborators. Finisher and Alerter may be nil.
+type Deps struct {
+	Jobs     Jobs
+	Starts   Starts
+	Slots    Slots
+	Pool     KeyPool
+	Breakers Breakers
+	Finisher Finisher
+	Alerter  Alerter
+	Metrics  *metrics.Metrics
+	Logger   *slog.Logger
+}
+
+// New returns a dispatcher.
+func New(cfg Config, d Deps) *Dispatcher {
+	if cfg.MaxKeyTries == 0 {
+		cfg.MaxKeyTries = 4
+	}
+	if cfg.MinWait == 0 {
+		cfg.MinWait = 100 * time.Millisecond
+	}
+	if cfg.MaxTransientWait == 0 {
+		cfg.MaxTransientWait = 30 * time.Second
+	}
+	if cfg.Price == nil {
+		cfg.Price = func(llm.Route) metrics.Price { return metrics.Price{} }
+	}
+	if d.Metrics == nil {
+		d.Metrics = metrics.New(nil)
+	}
+	return &Dispatcher{cfg: cfg, jobs: d.Jobs, starts: d.Starts, slots: d.Slots, pool: d.Pool,
+		breakers: d.Breakers, finisher: d.Finisher, alerter: d.Alerter, metrics: d.Metrics, logger: d.Logger}
+}
+
+// waitError re-enqueues a task after Delay without counting a failure.
+type waitError struct{ Delay time.Duration }
+
+func (e *waitError) Error() string { return fmt.Sprintf("waiting %s for provider capacity", e.Delay) }
+
+// transientError retries a task after Delay and counts a failure.
+type transientError struct {
+	Delay time.Duration
+	Err   error
+}
+
+func (e *transientError) Error() string { return "transient: " + e.Err.Error() }
+func (e *transientError) Unwrap() error { return e.Err }
+
+// IsFailure tells asynq that waiting for capacity is not a failure: the
+// task's retry count stays, so a request may wait out 429s until its
+// deadline, however many times that takes.
+func IsFailure(err error) bool {
+	var w *waitError
+	return !errors.As(err, &w)
+}
+
+// RetryDelay gives asynq the delay the handler computed.
+func RetryDelay(n int, err error, _ *asynq.Task) time.Duration {
+	var w *waitError
+	if errors.As(err, &w) {
+		return w.Delay
+	}
+	var t *transientError
+	if errors.As(err, &t) {
+		return t.Delay
+	}
+	return asynq.DefaultRetryDelayFunc(n, err, nil)
+}
+
+// ProcessTask handles one bulwark:call task.
+func (d *Dispatcher) ProcessTask(ctx context.Context, t *asynq.Task) error {
+	var p queue.Payload
+	if err := json.Unmarshal(t.Payload(), &p); err != nil || p.ID == "" {
+		return fmt.Errorf("dispatch: bad payload: %v: %w", err, asynq.SkipRetry)
+	}
+	log := d.logger.With("request_id", p.ID)
+	rec, err := d.jobs.Get(ctx, p.ID)
+	if errors.Is(err, job.ErrNotFound) {
+		log.Warn("dispatch: request record is gone; dropping task")
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("dispatch: %w", err) // Redis hiccup: asynq retries
+	}
+	if rec.Status.Terminal() {
+		return nil
+	}
+	if err := d.starts.RecordStart(ctx, p.ID); err != nil {
+		log.Warn("dispatch: record start", "err", err)
+	}
+	if time.Now().After(rec.Job.Deadline) {
+		d.fail(ctx, rec, deadlineReason(rec, "before it could start"), log)
+		return nil
+	}
+	return d.run(ctx, rec, t, log)
+}
+
+func deadlineReason(rec *job.Record, what string) string {
+	return fmt.Sprintf("deadline_exceeded: waited %s (queue_max_wait %s) %s",
+		time.Since(rec.Job.CreatedAt).Round(time.Second), rec.Job.Deadline.Sub(rec.Job.CreatedAt).Round(time.Second), what)
+}
+
+func (d *Dispatcher) run(ctx context.Context, rec *job.Record, t *asynq.Task, log *slog.Logger) error {
+	slotCtx, cancel := context.WithDeadline(ctx, rec.Job.Deadline)
+	slot, err := d.slots.Acquire(slotCtx, rec.Job.Priority)
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil // cancelled by the caller or shutting down; asynq handles the task
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			d.fail(ctx, rec, deadlineReason(rec, "waiting for a free provider slot"), log)
+			return nil
+		}
+		return fmt.Errorf("dispatch: slot: %w", err)
+	}
+	defer func() {
+		if err := slot.Release(context.WithoutCancel(ctx)); err != nil {
+			log.Warn("dispatch: release slot", "err", err)
+		}
+	}()
+
+	st := rec.State
+	st.Attempts++
+	if st.StartedAt.IsZero() {
+		st.StartedAt = time.Now()
+	}
+	st.RetryAt = time.Time{}
+	rec.State = st
+	_, err = d.jobs.Apply(ctx, rec.Job.ID, job.Change{Status: job.StatusRunning, State: &st,
+		Event: &job.Event{Type: job.EventStarted, Provider: rec.Job.Route.Provider, Tier: rec.Job.Route.Tier, Attempt: st.Attempts}})
+	if errors.Is(err, job.ErrTerminal) || errors.Is(err, job.ErrNotFound) {
+		return nil // cancelled while it waited for a slot
+	}
+	if err != nil {
+		return fmt.Errorf("dispatch: mark running: %w", err)
+	}
+
+	out := d.callRoutes(ctx, rec, log)
+	switch {
+	case out.resp != nil:
+		d.complete(ctx, rec, out, log)
+		return nil
+	case ctx.Err() != nil:
+		return nil // cancelled: the API already recorded it, or shutdown re-queues
+	case out.permanent != nil:
+		d.fail(ctx, rec, "provider_error: "+out.permanent.Error(), log)
+		return nil
+	case out.transient != nil && !out.exhausted:
+		return d.retryTransient(ctx, rec, t, out.transient, log)
+	default:
+		return d.wait(ctx, rec, out.retryAfter, log)
+	}
+}
+
+// wait re-enqueues a request until capacity returns, or fails it when that
+// is past its deadline.
+func (d *Dispatcher) wait(ctx context.Context, rec *job.Record, after time.Duration, log *slog.Logger) error {
+	after = max(after, d.cfg.MinWait)
+	retryAt := time.Now().Add(after)
+	if retryAt.After(rec.Job.Deadline) {
+		d.fail(ctx, rec, deadlineReason(rec, fmt.Sprintf("and every provider route stays exhausted for another %s", after.Round(time.Second))), log)
+		return nil
+	}
+	st := rec.State
+	st.RetryAt = retryAt
+	secs := int((after + time.Second - 1) / time.Second)
+	_, err := d.jobs.Apply(ctx, rec.Job.ID, job.Change{Status: job.StatusWaiting, State: &st,
+		Event: &job.Event{Type: job.EventWaiting, RetryAfterSeconds: secs}})
+	if errors.Is(err, job.ErrTerminal) || errors.Is(err, job.ErrNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("dispatch: mark waiting: %w", err)
+	}
+	log.Info("dispatch: all routes exhausted; re-enqueued", "retry_after", after)
+	return &waitError{Delay: after}
+}
+
+func (d *Dispatcher) retryTransient(ctx context.Context, rec *job.Record, t *asynq.Task, cause error, log *slog.Logger) error {
+	n, _ := asynq.GetRetryCount(ctx)
+	maxRetry, _ := asynq.GetMaxRetry(ctx)
+	delay := min(asynq.DefaultRetryDelayFunc(n, cause, t), d.cfg.MaxTransientWait)
+	if n >= maxRetry || time.Now().Add(delay).After(rec.Job.Deadline) {
+		d.fail(ctx, rec, fmt.Sprintf("provider_unavailable: %d attempts failed; last error: %v", rec.State.Attempts, cause), log)
+		return nil
+	}
+	st := rec.State
+	st.RetryAt = time.Now().Add(delay)
+	_, _ = d.jobs.Apply(ctx, rec.Job.ID, job.Change{Status: job.StatusWaiting, State: &st,
+		Event: &job.Event{Type: job.EventRetrying, Error: cause.Error(), RetryAfterSeconds: int(delay.Seconds()) + 1}})
+	return &transientError{Delay: delay, Err: cause}
+}
+
+func (d *Dispatcher) fail(ctx context.Context, rec *job.Record, reason string, log *slog.Logger) {
+	st := rec.State
+	st.FinishedAt = time.Now()
+	rec.State, rec.Status, rec.Reason = st, job.StatusFailed, reason
+	_, err := d.jobs.Apply(context.WithoutCancel(ctx), rec.Job.ID, job.Change{Status: job.StatusFailed, State: &st,
+		Reason: reason, Event: &job.Event{Type: job.EventFailed, Error: reason}})
+	if err != nil {
+		log.Info("dispatch: could not mark failed", "err", err)
+		return
+	}
+	log.Warn("dispatch: request failed", "reason", reason)
+	d.metrics.Requests.WithLabelValues(rec.Job.Priority.String(), metrics.StatusFailed).Inc()
+	d.observeDuration(rec)
+	if d.finisher != nil {
+		d.finisher.Finished(context.WithoutCancel(ctx), rec)
+	}
+}
+
+func (d *Dispatcher) complete(ctx context.Context, rec *job.Record, out outcome, log *slog.Logger) {
+	st := rec.State
+	st.FinishedAt = time.Now()
+	st.ServedRoute = &out.route
+	st.KeyID = out.keyID
+	st.Result = out.resp
+	st.Cached = "none"
+	rec.State, rec.Status = st, job.StatusCompleted
+	res := job.ResultOf(st)
+	_, err := d.jobs.Apply(context.WithoutCancel(ctx), rec.Job.ID, job.Change{Status: job.StatusCompleted, State: &st,
+		Event: &job.Event{Type: job.EventCompleted, Provider: out.route.Provider, Tier: out.route.Tier, Result: res}})
+	if err != nil {
+		log.Info("dispatch: could not mark completed", "err", err)
+		return
+	}
+	log.Info("dispatch: completed", "route", out.route.String(), "key_id", out.keyID, "attempts", st.Attempts)
+	d.metrics.Requests.WithLabelValues(rec.Job.Priority.String(), metrics.StatusCompleted).Inc()
+	d.metrics.AddUsage(out.route, out.resp.Usage, d.cfg.Price(out.route))
+	d.observeDuration(rec)
+	if d.finisher != nil {
+		d.finisher.Finished(context.WithoutCancel(ctx), rec)
+	}
+}
+
+func (d *Dispatcher) observeDuration(rec *job.Record) {
+	d.metrics.RequestDuration.WithLabelValues(rec.Job.Priority.String(), metrics.CachedFalse).
+		Observe(time.Since(rec.Job.CreatedAt).Seconds())
+}

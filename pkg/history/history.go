@@ -1,0 +1,171 @@
+// Package history writes every request to the PostgreSQL requests table:
+// a row at submission and its outcome at the end. The live state is in
+// Redis (pkg/job); history is for reports and for status look-ups after the
+// live record expired. Writes fail open: with PostgreSQL down a request
+// still runs, and the failure is counted and logged at most once per
+// interval.
+package history
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"bulwark/pkg/job"
+	"bulwark/pkg/llm"
+	"bulwark/pkg/priority"
+)
+
+// ErrNotFound is returned for an unknown id.
+var ErrNotFound = errors.New("history: not found")
+
+// Store writes and reads history rows. It is safe for concurrent use.
+type Store struct {
+	pool     *pgxpool.Pool
+	logger   *slog.Logger
+	interval time.Duration
+	// OnError is called for every failed write (metrics); may be nil.
+	OnError func()
+
+	mu         sync.Mutex
+	lastWarned time.Time
+}
+
+// New returns a store that logs write failures at most once per interval.
+func New(pool *pgxpool.Pool, logger *slog.Logger, interval time.Duration) *Store {
+	if interval == 0 {
+		interval = time.Minute
+	}
+	return &Store{pool: pool, logger: logger, interval: interval}
+}
+
+func (s *Store) failed(op string, err error) {
+	if s.OnError != nil {
+		s.OnError()
+	}
+	s.mu.Lock()
+	warn := time.Since(s.lastWarned) >= s.interval
+	if warn {
+		s.lastWarned = time.Now()
+	}
+	s.mu.Unlock()
+	if warn {
+		s.logger.Warn("history: write failed; requests keep running without history", "op", op, "err", err)
+	}
+}
+
+// Submitted records an accepted request. Failures are logged, not returned.
+func (s *Store) Submitted(ctx context.Context, j *job.Job, status job.Status, cached string) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	_, err := s.pool.Exec(ctx, `
+		INSERT INTO requests (id, tenant, priority, status, provider, model_tier, cached, case_id, cache_layer, created_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, ''), NULLIF($9, ''), $10)
+		ON CONFLICT (id) DO NOTHING`,
+		j.ID, j.Tenant, int(j.Priority), string(status), string(j.Route.Provider), j.Route.Tier, cached, j.CaseID, j.Layer, j.CreatedAt)
+	if err != nil {
+		s.failed("insert", err)
+	}
+}
+
+// Finished records a request's outcome (upsert: the submission row may be
+// missing if PostgreSQL was down then). costUSD is the estimated cost.
+func (s *Store) Finished(ctx context.Context, rec *job.Record, costUSD float64) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	j, st := rec.Job, rec.State
+	var served struct{ p, t *string }
+	if st.ServedRoute != nil {
+		p, t := string(st.ServedRoute.Provider), st.ServedRoute.Tier
+		served.p, served.t = &p, &t
+	}
+	var resp []byte
+	var usage llm.Usage
+	if st.Result != nil {
+		resp, _ = json.Marshal(st.Result)
+		usage = st.Result.Usage
+	}
+	var started, finished *time.Time
+	var waitMS *int64
+	if !st.StartedAt.IsZero() {
+		started = &st.StartedAt
+		w := st.StartedAt.Sub(j.CreatedAt).Milliseconds()
+		waitMS = &w
+	}
+	if !st.FinishedAt.IsZero() {
+		finished = &st.FinishedAt
+	}
+	cached := st.Cached
+	if cached == "" {
+		cached = "none"
+	}
+	_, err := s.pool.Exec(ctx, `
+		INSERT INTO requests (id, tenant, priority, status, provider, model_tier, served_provider, served_tier, key_id,
+			attempts, cached, case_id, cache_layer, input_tokens, output_tokens, cost_usd, created_at, started_at,
+			finished_at, queue_wait_ms, error, response)
+		VALUES ($1,$2,$3,$4,$5,$6,$7,$8,NULLIF($9,''),$10,$11,NULLIF($12,''),NULLIF($13,''),$14,$15,$16,$17,$18,$19,$20,NULLIF($21,''),$22)
+		ON CONFLICT (id) DO UPDATE SET status = EXCLUDED.status, served_provider = EXCLUDED.served_provider,
+			served_tier = EXCLUDED.served_tier, key_id = EXCLUDED.key_id, attempts = EXCLUDED.attempts,
+			cached = EXCLUDED.cached, input_tokens = EXCLUDED.input_tokens, output_tokens = EXCLUDED.output_tokens,
+			cost_usd = EXCLUDED.cost_usd, started_at = EXCLUDED.started_at, finished_at = EXCLUDED.finished_at,
+			queue_wait_ms = EXCLUDED.queue_wait_ms, error = EXCLUDED.error, response = EXCLUDED.response`,
+		j.ID, j.Tenant, int(j.Priority), string(rec.Status), string(j.Route.Provider), j.Route.Tier, served.p, served.t,
+		st.KeyID, st.Attempts, cached, j.CaseID, j.Layer, usage.InputTokens, usage.OutputTokens, costUSD,
+		j.CreatedAt, started, finished, waitMS, rec.Reason, resp)
+	if err != nil {
+		s.failed("finish", err)
+	}
+}
+
+// Row is a request as history knows it.
+type Row struct {
+	ID          string
+	Tenant      string
+	Priority    priority.Priority
+	Status      job.Status
+	Route       llm.Route
+	ServedRoute *llm.Route
+	Cached      string
+	Error       string
+	Response    *llm.Response
+	CreatedAt   time.Time
+}
+
+// Get reads one row.
+func (s *Store) Get(ctx context.Context, id string) (*Row, error) {
+	var r Row
+	var p int
+	var sp, st, errText *string
+	var resp []byte
+	err := s.pool.QueryRow(ctx, `
+		SELECT id, tenant, priority, status, provider, model_tier, served_provider, served_tier, cached, error, response, created_at
+		FROM requests WHERE id = $1`, id).Scan(&r.ID, &r.Tenant, &p, &r.Status, &r.Route.Provider, &r.Route.Tier,
+		&sp, &st, &r.Cached, &errText, &resp, &r.CreatedAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	if err != nil {
+		return nil, fmt.Errorf("history: get %s: %w", id, err)
+	}
+	r.Priority = priority.Priority(p)
+	if sp != nil && st != nil {
+		r.ServedRoute = &llm.Route{Provider: llm.Provider(*sp), Tier: *st}
+	}
+	if errText != nil {
+		r.Error = *errText
+	}
+	if len(resp) > 0 {
+		r.Response = &llm.Response{}
+		if err := json.Unmarshal(resp, r.Response); err != nil {
+			return nil, fmt.Errorf("history: decode %s: %w", id, err)
+		}
+	}
+	return &r, nil
+}

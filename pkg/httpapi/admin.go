@@ -1,0 +1,152 @@
+package httpapi
+
+import (
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/gin-gonic/gin"
+)
+
+func (s *Server) adminKeys(c *gin.Context) {
+	if s.d.Keys == nil {
+		apiError(c, http.StatusNotFound, "not_found", "", "no key pool")
+		return
+	}
+	keys, err := s.d.Keys.Snapshot(c.Request.Context())
+	if err != nil {
+		s.d.Logger.Error("admin: key snapshot", "err", err)
+		apiError(c, http.StatusServiceUnavailable, "unavailable", "", "key pool state unavailable")
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"keys": keys})
+}
+
+func (s *Server) adminEnableKey(c *gin.Context) {
+	if s.d.Keys == nil {
+		apiError(c, http.StatusNotFound, "not_found", "", "no key pool")
+		return
+	}
+	if err := s.d.Keys.Enable(c.Request.Context(), c.Param("id")); err != nil {
+		apiError(c, http.StatusNotFound, "not_found", "id", err.Error())
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"id": c.Param("id"), "disabled": false})
+}
+
+func (s *Server) adminDisableKey(c *gin.Context) {
+	if s.d.Keys == nil {
+		apiError(c, http.StatusNotFound, "not_found", "", "no key pool")
+		return
+	}
+	reason := c.Query("reason")
+	if reason == "" {
+		reason = "disabled by an operator"
+	}
+	if err := s.d.Keys.Disable(c.Request.Context(), c.Param("id"), reason); err != nil {
+		apiError(c, http.StatusNotFound, "not_found", "id", err.Error())
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"id": c.Param("id"), "disabled": true, "reason": reason})
+}
+
+func (s *Server) adminBreakers(c *gin.Context) {
+	if s.d.Breakers == nil {
+		apiError(c, http.StatusNotFound, "not_found", "", "no breakers")
+		return
+	}
+	list, err := s.d.Breakers.List(c.Request.Context())
+	if err != nil {
+		s.d.Logger.Error("admin: breakers", "err", err)
+		apiError(c, http.StatusServiceUnavailable, "unavailable", "", "breaker state unavailable")
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"breakers": list})
+}
+
+func (s *Server) adminResetBreaker(c *gin.Context) {
+	if s.d.Breakers == nil {
+		apiError(c, http.StatusNotFound, "not_found", "", "no breakers")
+		return
+	}
+	if err := s.d.Breakers.Reset(c.Request.Context(), c.Param("name")); err != nil {
+		apiError(c, http.StatusBadRequest, "invalid_request", "name", err.Error())
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"name": c.Param("name"), "state": "closed"})
+}
+
+// invalidateBody is POST /admin/cache/invalidate: by case id, or a whole
+// namespace (tenant and/or layer; both empty = everything).
+type invalidateBody struct {
+	Tenant string `json:"tenant"`
+	CaseID string `json:"case_id"`
+	Layer  string `json:"layer"`
+	All    bool   `json:"all"`
+}
+
+func (s *Server) adminInvalidate(c *gin.Context) {
+	if s.d.Cache == nil {
+		apiError(c, http.StatusNotFound, "not_found", "", "the cache is disabled")
+		return
+	}
+	var b invalidateBody
+	if !decodeJSON(c, &b) {
+		return
+	}
+	ctx := c.Request.Context()
+	var n int64
+	var err error
+	switch {
+	case b.CaseID != "":
+		n, err = s.d.Cache.InvalidateCase(ctx, b.Tenant, b.CaseID)
+	case b.Tenant != "" || b.Layer != "" || b.All:
+		n, err = s.d.Cache.InvalidateNamespace(ctx, b.Tenant, b.Layer)
+	default:
+		apiError(c, http.StatusUnprocessableEntity, "invalid_request", "case_id",
+			"give case_id, or tenant and/or layer, or all: true")
+		return
+	}
+	if err != nil {
+		s.d.Logger.Error("admin: invalidate", "err", err)
+		apiError(c, http.StatusServiceUnavailable, "unavailable", "", "cache unavailable")
+		return
+	}
+	c.JSON(http.StatusOK, gin.H{"deleted": n})
+}
+
+func (s *Server) adminReport(c *gin.Context) {
+	if s.d.Reporter == nil {
+		apiError(c, http.StatusNotFound, "not_found", "", "reports are not configured")
+		return
+	}
+	to := time.Now()
+	from := to.Add(-24 * time.Hour)
+	if v := c.Query("from"); v != "" {
+		t, err := time.Parse(time.RFC3339, v)
+		if err != nil {
+			apiError(c, http.StatusBadRequest, "invalid_request", "from", "must be RFC 3339")
+			return
+		}
+		from = t
+	}
+	if v := c.Query("to"); v != "" {
+		t, err := time.Parse(time.RFC3339, v)
+		if err != nil {
+			apiError(c, http.StatusBadRequest, "invalid_request", "to", "must be RFC 3339")
+			return
+		}
+		to = t
+	}
+	r, err := s.d.Reporter.ReportJSON(c.Request.Context(), from, to)
+	if err != nil {
+		var ve interface{ InvalidRange() bool }
+		if errors.As(err, &ve) {
+			apiError(c, http.StatusBadRequest, "invalid_request", "from", err.Error())
+			return
+		}
+		apiError(c, http.StatusServiceUnavailable, "unavailable", "", "report unavailable: "+err.Error())
+		return
+	}
+	c.JSON(http.StatusOK, r)
+}

@@ -1,0 +1,62 @@
+package httpapi
+
+import (
+	"net/http"
+	"strings"
+
+	"github.com/gin-gonic/gin"
+
+	"bulwark/pkg/intake"
+	"bulwark/pkg/secret"
+)
+
+// token reads the client token the way each SDK sends it: Authorization:
+// Bearer (OpenAI, our API) or x-api-key (Anthropic).
+func token(r *http.Request) secret.String {
+	if h := r.Header.Get("Authorization"); h != "" {
+		if t, ok := strings.CutPrefix(h, "Bearer "); ok {
+			return secret.New(strings.TrimSpace(t))
+		}
+	}
+	return secret.New(strings.TrimSpace(r.Header.Get("x-api-key")))
+}
+
+func (s *Server) auth(c *gin.Context) {
+	tok := token(c.Request)
+	if tok.IsZero() {
+		s.authError(c, "missing client token: send Authorization: Bearer <token> or x-api-key")
+		return
+	}
+	t, ok := s.cfg.Tenants[tok.SHA256()]
+	if !ok {
+		s.authError(c, "invalid client token")
+		return
+	}
+	c.Set(ctxTenant, t)
+	c.Next()
+}
+
+func (s *Server) authError(c *gin.Context, msg string) {
+	switch c.FullPath() {
+	case "/v1/chat/completions":
+		openAIError(c, http.StatusUnauthorized, "invalid_api_key", msg)
+	case "/v1/messages":
+		anthropicError(c, http.StatusUnauthorized, "authentication_error", msg)
+	default:
+		apiError(c, http.StatusUnauthorized, "unauthorized", "", msg)
+	}
+}
+
+func (s *Server) adminAuth(c *gin.Context) {
+	tok := token(c.Request)
+	if s.cfg.AdminToken.IsZero() || tok.IsZero() || !tok.Equal(s.cfg.AdminToken) {
+		apiError(c, http.StatusUnauthorized, "unauthorized", "", "admin token required")
+		return
+	}
+	c.Next()
+}
+
+func tenantOf(c *gin.Context) intake.Tenant {
+	t, _ := c.MustGet(ctxTenant).(intake.Tenant)
+	return t
+}

@@ -1,0 +1,139 @@
+package httpapi
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"bulwark/pkg/job"
+	"bulwark/pkg/progress"
+)
+
+// events streams a request's events as Server-Sent Events. Stored events
+// carry their stream id as the SSE id, so a client that reconnects with
+// Last-Event-ID gets exactly what it missed; position updates carry no id.
+// The stream ends after the terminal event.
+func (s *Server) events(c *gin.Context) {
+	own, rec, ok := s.lookup(c)
+	if c.IsAborted() {
+		return
+	}
+	if !ok {
+		apiError(c, http.StatusNotFound, "not_found", "id", "no request "+c.Param("id"))
+		return
+	}
+	ctx := c.Request.Context()
+	lang := progress.Lang(c.GetHeader("Accept-Language"))
+	follow := rec.Job.ID // the request whose events we stream (the leader, if coalesced)
+	sub := s.d.Hub.Subscribe(follow, lang)
+	defer sub.Close()
+	var ownC <-chan job.Event // a coalesced follower's own cancellation
+	if own != rec {
+		os := s.d.Hub.Subscribe(own.Job.ID, lang)
+		defer os.Close()
+		ownC = os.C
+	}
+
+	w := c.Writer
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("Connection", "keep-alive")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+
+	last := c.GetHeader("Last-Event-ID")
+	if last == "" {
+		last = c.Query("last_event_id")
+	}
+	write := func(ev job.Event) bool {
+		ev.RequestID = own.Job.ID
+		if err := writeSSE(w, ev); err != nil {
+			return true
+		}
+		if ev.ID != "" {
+			last = ev.ID
+		}
+		return terminal(ev.Type)
+	}
+	replay := func() bool {
+		evs, err := s.d.Jobs.Events(ctx, follow, last)
+		if err != nil {
+			s.d.Logger.Warn("events: replay", "request_id", own.Job.ID, "err", err)
+			return false
+		}
+		for _, ev := range evs {
+			if write(ev) {
+				return true
+			}
+		}
+		return false
+	}
+	if own.Status == job.StatusCancelled {
+		write(job.Event{Type: job.EventCancelled, Status: job.StatusCancelled, At: time.Now()})
+		return
+	}
+	if replay() {
+		return
+	}
+	if rec.Status == job.StatusQueued {
+		if pos, err := s.d.Queue.Position(ctx, follow); err == nil && pos > 0 {
+			eta, _ := s.d.Queue.ETA(ctx, pos)
+			write(progress.QueuedEvent(own.Job.ID, pos, eta, lang))
+		}
+	}
+	keep := time.NewTicker(s.cfg.KeepAlive)
+	defer keep.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case ev := <-ownC:
+			if terminal(ev.Type) && write(ev) {
+				return
+			}
+		case ev := <-sub.C:
+			if ev.Type == "resync" || sub.Lagged() {
+				if replay() {
+					return
+				}
+				continue
+			}
+			if ev.ID != "" && last != "" && job.CompareIDs(ev.ID, last) <= 0 {
+				continue // already sent by the replay
+			}
+			if write(ev) {
+				return
+			}
+		case <-keep.C:
+			if _, err := fmt.Fprint(w, ": keepalive\n\n"); err != nil {
+				return
+			}
+			w.Flush()
+		}
+	}
+}
+
+func terminal(t job.EventType) bool {
+	return t == job.EventCompleted || t == job.EventFailed || t == job.EventCancelled
+}
+
+func writeSSE(w gin.ResponseWriter, ev job.Event) error {
+	data, err := json.Marshal(ev)
+	if err != nil {
+		return err
+	}
+	if ev.ID != "" {
+		if _, err := fmt.Fprintf(w, "id: %s\n", ev.ID); err != nil {
+			return err
+		}
+	}
+	if _, err := fmt.Fprintf(w, "event: %s\ndata: %s\n\n", ev.Type, data); err != nil {
+		return err
+	}
+	w.Flush()
+	return nil
+}

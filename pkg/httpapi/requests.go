@@ -1,0 +1,306 @@
+package httpapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"bulwark/pkg/history"
+	"bulwark/pkg/intake"
+	"bulwark/pkg/job"
+	"bulwark/pkg/llm"
+	"bulwark/pkg/priority"
+	"bulwark/pkg/progress"
+	"bulwark/pkg/queue"
+)
+
+// submitBody is POST /v1/requests.
+type submitBody struct {
+	Provider    llm.Provider       `json:"provider"`
+	ModelTier   string             `json:"model_tier"`
+	Messages    []wireMessage      `json:"messages"`
+	System      string             `json:"system"`
+	MaxTokens   int                `json:"max_tokens"`
+	Temperature *float64           `json:"temperature"`
+	Tools       []llm.Tool         `json:"tools"`
+	ToolChoice  *llm.ToolChoice    `json:"tool_choice"`
+	Stop        []string           `json:"stop_sequences"`
+	Priority    *priority.Priority `json:"priority"`
+	CaseID      string             `json:"case_id"`
+	CacheLayer  string             `json:"cache_layer"`
+	Metadata    map[string]string  `json:"metadata"`
+	// CacheRead and CacheWrite default to true; false bypasses the cache.
+	CacheRead  *bool `json:"cache_read"`
+	CacheWrite *bool `json:"cache_write"`
+}
+
+// wireMessage accepts content as a string or as an array of blocks.
+type wireMessage struct {
+	Role    llm.Role        `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+func (m wireMessage) toLLM(i int) (llm.Message, error) {
+	out := llm.Message{Role: m.Role}
+	c := bytes.TrimSpace(m.Content)
+	switch {
+	case len(c) == 0 || string(c) == "null":
+		return out, fmt.Errorf("messages[%d].content: is required", i)
+	case c[0] == '"':
+		var s string
+		if err := json.Unmarshal(c, &s); err != nil {
+			return out, fmt.Errorf("messages[%d].content: %v", i, err)
+		}
+		if s == "" {
+			return out, fmt.Errorf("messages[%d].content: must not be empty", i)
+		}
+		out.Content = []llm.Block{{Type: llm.BlockText, Text: s}}
+	case c[0] == '[':
+		if err := json.Unmarshal(c, &out.Content); err != nil {
+			return out, fmt.Errorf("messages[%d].content: %v", i, err)
+		}
+	default:
+		return out, fmt.Errorf("messages[%d].content: must be a string or an array of blocks", i)
+	}
+	return out, nil
+}
+
+// decodeJSON reads a JSON body strictly and answers 400/413 itself.
+func decodeJSON(c *gin.Context, v any) bool {
+	dec := json.NewDecoder(c.Request.Body)
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil && dec.More() {
+		err = errors.New("unexpected data after the JSON object")
+	}
+	switch {
+	case err == nil:
+		return true
+	case isBodyTooLarge(err):
+		apiError(c, http.StatusRequestEntityTooLarge, "body_too_large", "", "request body exceeds the limit")
+	case errors.Is(err, io.EOF):
+		apiError(c, http.StatusBadRequest, "invalid_json", "", "request body is empty")
+	default:
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) {
+			apiError(c, http.StatusBadRequest, "invalid_type", te.Field,
+				fmt.Sprintf("%s must be %s, not %s", te.Field, te.Type, te.Value))
+			return false
+		}
+		apiError(c, http.StatusBadRequest, "invalid_json", "", "malformed JSON: "+err.Error())
+	}
+	return false
+}
+
+func (s *Server) submit(c *gin.Context) {
+	var b submitBody
+	if !decodeJSON(c, &b) {
+		return
+	}
+	if b.Provider == "" || b.ModelTier == "" {
+		apiError(c, http.StatusUnprocessableEntity, "invalid_request", "model_tier", "provider and model_tier are required")
+		return
+	}
+	sub := intake.Submission{
+		Route: llm.Route{Provider: b.Provider, Tier: b.ModelTier},
+		Request: llm.Request{System: b.System, MaxTokens: b.MaxTokens, Temperature: b.Temperature,
+			Tools: b.Tools, ToolChoice: b.ToolChoice, StopSequences: b.Stop},
+		CaseID: b.CaseID, Layer: b.CacheLayer, Metadata: b.Metadata,
+		NoCacheRead:    b.CacheRead != nil && !*b.CacheRead,
+		NoCacheWrite:   b.CacheWrite != nil && !*b.CacheWrite,
+		IdempotencyKey: c.GetHeader("Idempotency-Key"),
+		Lang:           progress.Lang(c.GetHeader("Accept-Language")),
+	}
+	if b.Priority != nil {
+		sub.Priority = *b.Priority
+	}
+	for i, m := range b.Messages {
+		lm, err := m.toLLM(i)
+		if err != nil {
+			apiError(c, http.StatusBadRequest, "invalid_request", fmt.Sprintf("messages[%d].content", i), err.Error())
+			return
+		}
+		sub.Request.Messages = append(sub.Request.Messages, lm)
+	}
+	a, err := s.d.Intake.Submit(c.Request.Context(), tenantOf(c), sub)
+	if err != nil {
+		s.submitError(c, err)
+		return
+	}
+	c.Set(ctxRequestID, a.ID)
+	s.accepted(c, a, sub.Lang)
+}
+
+// submitError maps intake errors to HTTP.
+func (s *Server) submitError(c *gin.Context, err error) {
+	var ie *intake.InputError
+	var full *queue.FullError
+	var rl *intake.RateLimitError
+	switch {
+	case errors.As(err, &ie):
+		apiError(c, ie.Status, ie.Code, ie.Field, ie.Message)
+	case errors.As(err, &full):
+		c.Header("Retry-After", strconv.Itoa(ceilSeconds(full.RetryAfter)))
+		c.AbortWithStatusJSON(http.StatusTooManyRequests, gin.H{"error": gin.H{"type": "queue_full",
+			"message": fmt.Sprintf("the queue is full (%d requests waiting); retry after %d seconds", full.Depth, ceilSeconds(full.RetryAfter))},
+			"retry_after_seconds": ceilSeconds(full.RetryAfter)})
+	case errors.As(err, &rl):
+		c.Header("Retry-After", strconv.Itoa(ceilSeconds(rl.RetryAfter)))
+		apiError(c, http.StatusTooManyRequests, "tenant_rate_limited", "", rl.Error())
+	default:
+		s.d.Logger.Error("submit failed", "err", err)
+		apiError(c, http.StatusServiceUnavailable, "unavailable", "", "could not accept the request; retry shortly")
+	}
+}
+
+func ceilSeconds(d time.Duration) int { return int((d + time.Second - 1) / time.Second) }
+
+// accepted writes the design document's 4.3 (queued) or 7.3 (degraded)
+// answer, or the result of a cache hit.
+func (s *Server) accepted(c *gin.Context, a *intake.Accepted, lang string) {
+	switch {
+	case a.Status == job.StatusCompleted && a.Result != nil:
+		c.JSON(http.StatusOK, gin.H{"id": a.ID, "status": a.Status, "result": a.Result})
+	case a.Degraded:
+		c.Header("Retry-After", strconv.Itoa(ceilSeconds(a.RetryAfter)))
+		c.JSON(http.StatusAccepted, gin.H{"id": a.ID, "status": "service_degraded", "message": a.Message,
+			"retry_after_seconds": ceilSeconds(a.RetryAfter), "queue_position": a.Position,
+			"suggestion": progress.DegradedSuggestion(lang)})
+	default:
+		body := gin.H{"id": a.ID, "status": a.Status, "queue_position": a.Position,
+			"estimated_wait_seconds": int(a.ETA.Seconds()), "message": a.Message}
+		if a.CoalescedInto != "" {
+			body["coalesced"] = true
+		}
+		c.JSON(http.StatusAccepted, body)
+	}
+}
+
+// view is GET /v1/requests/{id}.
+type view struct {
+	ID                   string            `json:"id"`
+	Status               job.Status        `json:"status"`
+	Priority             priority.Priority `json:"priority"`
+	CreatedAt            time.Time         `json:"created_at"`
+	QueuePosition        int               `json:"queue_position,omitempty"`
+	EstimatedWaitSeconds *int              `json:"estimated_wait_seconds,omitempty"`
+	RetryAt              *time.Time        `json:"retry_at,omitempty"`
+	Attempts             int               `json:"attempts"`
+	Result               *job.Result       `json:"result,omitempty"`
+	Error                string            `json:"error,omitempty"`
+}
+
+// lookup finds a tenant's request, following a coalesced request to the
+// one it joined. Another tenant's request is "not found": its existence is
+// not revealed.
+func (s *Server) lookup(c *gin.Context) (own *job.Record, effective *job.Record, ok bool) {
+	id := c.Param("id")
+	c.Set(ctxRequestID, id)
+	rec, err := s.d.Jobs.Get(c.Request.Context(), id)
+	if errors.Is(err, job.ErrNotFound) {
+		return nil, nil, false
+	}
+	if err != nil {
+		apiError(c, http.StatusServiceUnavailable, "unavailable", "", "request store unavailable")
+		c.Abort()
+		return nil, nil, false
+	}
+	if rec.Job.Tenant != tenantOf(c).Name {
+		return nil, nil, false
+	}
+	eff := rec
+	if leader := rec.State.CoalescedInto; leader != "" && !rec.Status.Terminal() {
+		if l, err := s.d.Jobs.Get(c.Request.Context(), leader); err == nil {
+			eff = l
+		}
+	}
+	return rec, eff, true
+}
+
+func (s *Server) get(c *gin.Context) {
+	own, rec, ok := s.lookup(c)
+	if c.IsAborted() {
+		return
+	}
+	if !ok {
+		s.getFromHistory(c)
+		return
+	}
+	v := view{ID: own.Job.ID, Status: rec.Status, Priority: own.Job.Priority, CreatedAt: own.Job.CreatedAt,
+		Attempts: rec.State.Attempts, Result: job.ResultOf(rec.State), Error: rec.Reason}
+	if own != rec && v.Result != nil {
+		v.Result.Cached = "coalesced"
+	}
+	if own.Status == job.StatusCancelled {
+		v.Status, v.Error, v.Result = own.Status, own.Reason, nil
+	}
+	if !rec.State.RetryAt.IsZero() && rec.Status == job.StatusWaiting {
+		v.RetryAt = &rec.State.RetryAt
+	}
+	if rec.Status == job.StatusQueued {
+		if pos, err := s.d.Queue.Position(c.Request.Context(), rec.Job.ID); err == nil && pos > 0 {
+			eta, _ := s.d.Queue.ETA(c.Request.Context(), pos)
+			secs := int(eta.Seconds())
+			v.QueuePosition, v.EstimatedWaitSeconds = pos, &secs
+		}
+	}
+	c.JSON(http.StatusOK, v)
+}
+
+func (s *Server) getFromHistory(c *gin.Context) {
+	id := c.Param("id")
+	if s.d.History == nil {
+		apiError(c, http.StatusNotFound, "not_found", "id", "no request "+id)
+		return
+	}
+	row, err := s.d.History.Get(c.Request.Context(), id)
+	if err != nil || row.Tenant != tenantOf(c).Name {
+		if err != nil && !errors.Is(err, history.ErrNotFound) {
+			s.d.Logger.Warn("history lookup", "request_id", id, "err", err)
+		}
+		apiError(c, http.StatusNotFound, "not_found", "id", "no request "+id)
+		return
+	}
+	v := view{ID: row.ID, Status: row.Status, Priority: row.Priority, CreatedAt: row.CreatedAt, Error: row.Error}
+	if row.Response != nil {
+		st := job.State{Result: row.Response, ServedRoute: row.ServedRoute, Cached: row.Cached}
+		v.Result = job.ResultOf(st)
+	}
+	c.JSON(http.StatusOK, v)
+}
+
+func (s *Server) cancel(c *gin.Context) {
+	own, _, ok := s.lookup(c)
+	if c.IsAborted() {
+		return
+	}
+	if !ok {
+		apiError(c, http.StatusNotFound, "not_found", "id", "no request "+c.Param("id"))
+		return
+	}
+	ctx := c.Request.Context()
+	_, err := s.d.Jobs.Apply(ctx, own.Job.ID, job.Change{Status: job.StatusCancelled, Reason: "cancelled by the caller",
+		Event: &job.Event{Type: job.EventCancelled}})
+	if errors.Is(err, job.ErrTerminal) {
+		apiError(c, http.StatusConflict, "already_finished", "id", "the request has already ended")
+		return
+	}
+	if err != nil {
+		apiError(c, http.StatusServiceUnavailable, "unavailable", "", "request store unavailable")
+		return
+	}
+	// A coalesced follower only detaches; the request it joined goes on.
+	if own.State.CoalescedInto == "" {
+		if _, err := s.d.Queue.Cancel(ctx, own.Job.ID, own.Job.Priority); err != nil {
+			s.d.Logger.Warn("cancel: queue", "request_id", own.Job.ID, "err", err)
+		}
+	}
+	c.JSON(http.StatusOK, gin.H{"id": own.Job.ID, "status": job.StatusCancelled})
+}

@@ -1,0 +1,234 @@
+// Package httpapi is Bulwark's HTTP surface (gin): the async request API
+// with Server-Sent-Event progress, the OpenAI- and Anthropic-compatible
+// endpoints, health, metrics and the admin endpoints. Handlers only
+// translate HTTP: the work is in pkg/intake (accepting), pkg/job (state),
+// pkg/progress (streams) and the layer packages.
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"bulwark/pkg/breaker"
+	"bulwark/pkg/history"
+	"bulwark/pkg/intake"
+	"bulwark/pkg/job"
+	"bulwark/pkg/keypool"
+	"bulwark/pkg/llm"
+	"bulwark/pkg/priority"
+	"bulwark/pkg/progress"
+	"bulwark/pkg/secret"
+)
+
+// Jobs is the live request store.
+type Jobs interface {
+	Get(ctx context.Context, id string) (*job.Record, error)
+	Apply(ctx context.Context, id string, c job.Change) (string, error)
+	Events(ctx context.Context, id, after string) ([]job.Event, error)
+}
+
+// Queue is what the API needs of the queues.
+type Queue interface {
+	Position(ctx context.Context, id string) (int, error)
+	ETA(ctx context.Context, position int) (time.Duration, error)
+	Cancel(ctx context.Context, id string, p priority.Priority) (bool, error)
+}
+
+// History reads requests whose live record expired.
+type History interface {
+	Get(ctx context.Context, id string) (*history.Row, error)
+}
+
+// KeyAdmin is the admin side of the key pool.
+type KeyAdmin interface {
+	Snapshot(ctx context.Context) ([]keypool.KeyState, error)
+	Enable(ctx context.Context, keyID string) error
+	Disable(ctx context.Context, keyID, reason string) error
+}
+
+// BreakerAdmin is the admin side of the breakers.
+type BreakerAdmin interface {
+	List(ctx context.Context) ([]breaker.Status, error)
+	Reset(ctx context.Context, name string) error
+}
+
+// CacheAdmin invalidates cache entries.
+type CacheAdmin interface {
+	InvalidateCase(ctx context.Context, tenant, caseID string) (int64, error)
+	InvalidateNamespace(ctx context.Context, tenant, layer string) (int64, error)
+}
+
+// Reporter builds the daily report on demand.
+type Reporter interface {
+	ReportJSON(ctx context.Context, from, to time.Time) (any, error)
+}
+
+// Pinger checks a dependency for /readyz.
+type Pinger func(ctx context.Context) error
+
+// Models resolves a compat endpoint's model name to a route.
+type Models interface {
+	Resolve(model string) (llm.Route, bool)
+}
+
+// Config configures the API.
+type Config struct {
+	// Tenants by the hex SHA-256 of their token.
+	Tenants      map[string]intake.Tenant
+	AdminToken   secret.String
+	MaxBodyBytes int64
+	// SyncTimeout of the compat endpoints.
+	SyncTimeout time.Duration
+	// KeepAlive of SSE streams (comment lines). Default 15s.
+	KeepAlive time.Duration
+}
+
+// Deps are the server's collaborators. Optional ones may be nil.
+type Deps struct {
+	Intake   *intake.Intake
+	Jobs     Jobs
+	Queue    Queue
+	Hub      *progress.Hub
+	History  History      // optional
+	Keys     KeyAdmin     // optional
+	Breakers BreakerAdmin // optional
+	Cache    CacheAdmin   // optional
+	Reporter Reporter     // optional
+	Models   Models       // optional: compat endpoints off without it
+	Metrics  http.Handler // optional: /metrics
+	Queues   http.Handler // optional: asynqmon under /admin/queues
+	Ready    map[string]Pinger
+	Logger   *slog.Logger
+}
+
+// Server is the HTTP API.
+type Server struct {
+	cfg Config
+	d   Deps
+}
+
+// New returns the API's http.Handler.
+func New(cfg Config, d Deps) http.Handler {
+	if cfg.KeepAlive == 0 {
+		cfg.KeepAlive = 15 * time.Second
+	}
+	if cfg.MaxBodyBytes == 0 {
+		cfg.MaxBodyBytes = 1 << 20
+	}
+	s := &Server{cfg: cfg, d: d}
+	gin.SetMode(gin.ReleaseMode)
+	r := gin.New()
+	r.Use(gin.Recovery(), s.logRequests)
+	r.HandleMethodNotAllowed = true
+	r.NoRoute(func(c *gin.Context) { apiError(c, http.StatusNotFound, "not_found", "", "no such endpoint") })
+	r.NoMethod(func(c *gin.Context) {
+		apiError(c, http.StatusMethodNotAllowed, "method_not_allowed", "", "method not allowed")
+	})
+
+	r.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
+	r.GET("/readyz", s.ready)
+	if d.Metrics != nil {
+		r.GET("/metrics", gin.WrapH(d.Metrics))
+	}
+
+	v1 := r.Group("/v1", s.limitBody, s.auth)
+	v1.POST("/requests", s.submit)
+	v1.GET("/requests/:id", s.get)
+	v1.GET("/requests/:id/events", s.events)
+	v1.DELETE("/requests/:id", s.cancel)
+	if d.Models != nil {
+		v1.POST("/chat/completions", s.openAIChat)
+		v1.POST("/messages", s.anthropicMessages)
+	}
+
+	admin := r.Group("/admin", s.adminAuth)
+	admin.GET("/keys", s.adminKeys)
+	admin.POST("/keys/:id/enable", s.adminEnableKey)
+	admin.POST("/keys/:id/disable", s.adminDisableKey)
+	admin.GET("/breakers", s.adminBreakers)
+	admin.POST("/breakers/:name/reset", s.adminResetBreaker)
+	admin.POST("/cache/invalidate", s.adminInvalidate)
+	admin.GET("/report", s.adminReport)
+	if d.Queues != nil {
+		admin.Any("/queues/*path", gin.WrapH(d.Queues))
+		admin.GET("/queues", gin.WrapH(d.Queues))
+	}
+	return r
+}
+
+func (s *Server) logRequests(c *gin.Context) {
+	start := time.Now()
+	c.Next()
+	attrs := []any{"method", c.Request.Method, "path", c.FullPath(), "status", c.Writer.Status(),
+		"duration_ms", time.Since(start).Milliseconds()}
+	if id, ok := c.Get(ctxRequestID); ok {
+		attrs = append(attrs, "request_id", id)
+	}
+	if t, ok := c.Get(ctxTenant); ok {
+		attrs = append(attrs, "tenant", t.(intake.Tenant).Name)
+	}
+	s.d.Logger.Info("http", attrs...)
+}
+
+const (
+	ctxTenant    = "bulwark.tenant"
+	ctxRequestID = "bulwark.request_id"
+)
+
+func (s *Server) ready(c *gin.Context) {
+	ctx, cancel := context.WithTimeout(c.Request.Context(), 2*time.Second)
+	defer cancel()
+	out := gin.H{}
+	ok := true
+	for name, ping := range s.d.Ready {
+		if err := ping(ctx); err != nil {
+			out[name] = "down"
+			ok = false
+			continue
+		}
+		out[name] = "ok"
+	}
+	status := http.StatusOK
+	if !ok {
+		status = http.StatusServiceUnavailable
+	}
+	c.JSON(status, gin.H{"ready": ok, "checks": out})
+}
+
+// limitBody caps request bodies; reading past the cap fails with
+// *http.MaxBytesError, answered 413.
+func (s *Server) limitBody(c *gin.Context) {
+	if c.Request.ContentLength > s.cfg.MaxBodyBytes {
+		apiError(c, http.StatusRequestEntityTooLarge, "body_too_large", "", "request body exceeds the limit")
+		c.Abort()
+		return
+	}
+	c.Request.Body = http.MaxBytesReader(c.Writer, c.Request.Body, s.cfg.MaxBodyBytes)
+	c.Next()
+}
+
+// errorBody is the JSON error of the async API.
+type errorBody struct {
+	Error struct {
+		Type    string `json:"type"`
+		Message string `json:"message"`
+		Field   string `json:"field,omitempty"`
+	} `json:"error"`
+}
+
+func apiError(c *gin.Context, status int, typ, field, msg string) {
+	var b errorBody
+	b.Error.Type, b.Error.Field, b.Error.Message = typ, field, msg
+	c.AbortWithStatusJSON(status, b)
+}
+
+// isBodyTooLarge reports whether err came from the body limit.
+func isBodyTooLarge(err error) bool {
+	var mb *http.MaxBytesError
+	return errors.As(err, &mb)
+}

@@ -1,0 +1,315 @@
+// Package intake accepts requests: it validates them, resolves the tenant's
+// priority, answers from the semantic cache (layer 1), attaches identical
+// requests already in flight to the first one (coalescing), applies
+// admission control (layer 2), stores the live record and enqueues it. The
+// async API and the OpenAI/Anthropic-compatible endpoints share it, so
+// every entry point gets the same five layers.
+package intake
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"bulwark/pkg/breaker"
+	"bulwark/pkg/job"
+	"bulwark/pkg/llm"
+	"bulwark/pkg/metrics"
+	"bulwark/pkg/priority"
+	"bulwark/pkg/progress"
+	"bulwark/pkg/queue"
+)
+
+// Tenant is an authenticated client.
+type Tenant struct {
+	Name            string
+	DefaultPriority priority.Priority
+	MaxPriority     priority.Priority
+	RateLimitRPM    int
+	DefaultLayer    string
+}
+
+// Submission is a request as the caller asked for it.
+type Submission struct {
+	Route    llm.Route
+	Request  llm.Request
+	Priority priority.Priority // 0 = tenant default
+	CaseID   string
+	Layer    string
+	// ToolResultsHash scopes the cache; computed from tool results when empty.
+	ToolResultsHash string
+	Metadata        map[string]string
+	NoCacheRead     bool
+	NoCacheWrite    bool
+	IdempotencyKey  string
+	Lang            string // "zh" or "en", for messages
+}
+
+// Accepted is the answer to a submission.
+type Accepted struct {
+	ID       string
+	Status   job.Status
+	Priority priority.Priority
+	Position int
+	ETA      time.Duration
+	Message  string
+	// Degraded is set while the breakers say every route is exhausted; the
+	// request is queued all the same and finishes after recovery.
+	Degraded   bool
+	RetryAfter time.Duration
+	// Cached answers (exact, semantic) complete at once.
+	Cached     string
+	Similarity float64
+	CacheAge   time.Duration
+	Result     *job.Result
+	// Existing is true when an Idempotency-Key matched an earlier request.
+	Existing bool
+	// CoalescedInto names the identical request in flight this one joined.
+	CoalescedInto string
+}
+
+// Queue is the part of queue.Queue intake uses.
+type Queue interface {
+	Admit(ctx context.Context) error
+	Enqueue(ctx context.Context, id string, p priority.Priority, delay time.Duration) error
+	Position(ctx context.Context, id string) (int, error)
+	ETA(ctx context.Context, position int) (time.Duration, error)
+}
+
+// Jobs is the live request store.
+type Jobs interface {
+	Create(ctx context.Context, j *job.Job, ev job.Event, idemKey string) (string, bool, error)
+	Apply(ctx context.Context, id string, c job.Change) (string, error)
+	Get(ctx context.Context, id string) (*job.Record, error)
+}
+
+// BreakerStatus reads breaker states.
+type BreakerStatus interface {
+	Status(ctx context.Context, name string) (breaker.Status, error)
+}
+
+// History records submissions.
+type History interface {
+	Submitted(ctx context.Context, j *job.Job, status job.Status, cached string)
+}
+
+// Cache is layer 1 as intake sees it.
+type Cache interface {
+	// Key returns the coalescing/cache key of a job ("" = uncacheable).
+	Key(j *job.Job) string
+	Lookup(ctx context.Context, j *job.Job) (Hit, error)
+}
+
+// Hit is a cache answer.
+type Hit struct {
+	Kind       string // exact | semantic | none
+	Similarity float64
+	Age        time.Duration
+	Response   *llm.Response
+	Route      llm.Route
+}
+
+// Coalescer attaches identical in-flight requests to the first one.
+type Coalescer interface {
+	// Claim makes id the leader of key, or returns the current leader.
+	Claim(ctx context.Context, key, id string, ttl time.Duration) (leader string, err error)
+}
+
+// RateLimiter bounds a tenant's submissions.
+type RateLimiter interface {
+	Allow(ctx context.Context, tenant string, perMinute int) (ok bool, retryAfter time.Duration, err error)
+}
+
+// Config configures intake.
+type Config struct {
+	Routes           map[llm.Route]bool
+	Fallback         func(llm.Route) (llm.Route, bool)
+	MaxWait          time.Duration
+	MaxPromptChars   int
+	MaxTokensLimit   int
+	DefaultMaxTokens int
+	Layers           map[string]bool
+	DefaultLayer     string
+	CacheEnabled     bool
+}
+
+// Intake is safe for concurrent use.
+type Intake struct {
+	cfg       Config
+	jobs      Jobs
+	queue     Queue
+	breakers  BreakerStatus
+	history   History
+	cache     Cache
+	coalescer Coalescer
+	limiter   RateLimiter
+	metrics   *metrics.Metrics
+	logger    *slog.Logger
+}
+
+// Deps are the collaborators; History, Cache, Coalescer and RateLimiter may be nil.
+type Deps struct {
+	Jobs        Jobs
+	Queue       Queue
+	Breakers    BreakerStatus
+	History     History
+	Cache       Cache
+	Coalescer   Coalescer
+	RateLimiter RateLimiter
+	Metrics     *metrics.Metrics
+	Logger      *slog.Logger
+}
+
+// New returns an Intake.
+func New(cfg Config, d Deps) *Intake {
+	if d.Metrics == nil {
+		d.Metrics = metrics.New(nil)
+	}
+	return &Intake{cfg: cfg, jobs: d.Jobs, queue: d.Queue, breakers: d.Breakers, history: d.History,
+		cache: d.Cache, coalescer: d.Coalescer, limiter: d.RateLimiter, metrics: d.Metrics, logger: d.Logger}
+}
+
+// Errors callers branch on (HTTP status in brackets).
+var (
+	ErrRateLimited = errors.New("intake: tenant rate limit exceeded") // [429]
+)
+
+// RateLimitError carries the tenant's Retry-After.
+type RateLimitError struct{ RetryAfter time.Duration }
+
+func (e *RateLimitError) Error() string {
+	return fmt.Sprintf("tenant rate limit exceeded; retry after %s", e.RetryAfter)
+}
+func (e *RateLimitError) Is(t error) bool { return t == ErrRateLimited }
+
+// NewID returns a new request id: time-ordered and unguessable.
+func NewID() string {
+	b := make([]byte, 10)
+	_, _ = rand.Read(b)
+	return "req_" + strconv.FormatInt(time.Now().UnixMilli(), 36) + hex.EncodeToString(b)
+}
+
+// Submit accepts a submission for tenant t.
+func (in *Intake) Submit(ctx context.Context, t Tenant, s Submission) (*Accepted, error) {
+	j, err := in.build(t, s)
+	if err != nil {
+		return nil, err
+	}
+	if in.limiter != nil && t.RateLimitRPM > 0 {
+		ok, after, err := in.limiter.Allow(ctx, t.Name, t.RateLimitRPM)
+		if err != nil {
+			return nil, fmt.Errorf("intake: tenant rate limit: %w", err)
+		}
+		if !ok {
+			in.metrics.AdmissionRejected.WithLabelValues(j.Priority.String(), metrics.ReasonRateLimited).Inc()
+			return nil, &RateLimitError{RetryAfter: after}
+		}
+	}
+	in.metrics.RequestsSubmitted.WithLabelValues(j.Priority.String()).Inc()
+
+	if a, ok := in.fromCache(ctx, j, s); ok {
+		return a, nil
+	}
+	if a, ok, err := in.coalesce(ctx, j, s); err != nil || ok {
+		return a, err
+	}
+	if err := in.queue.Admit(ctx); err != nil {
+		if errors.Is(err, queue.ErrQueueFull) {
+			in.metrics.AdmissionRejected.WithLabelValues(j.Priority.String(), metrics.ReasonQueueFull).Inc()
+		}
+		return nil, err
+	}
+	return in.enqueue(ctx, j, s)
+}
+
+func (in *Intake) enqueue(ctx context.Context, j *job.Job, s Submission) (*Accepted, error) {
+	id, created, err := in.jobs.Create(ctx, j, job.Event{Type: job.EventQueued}, s.IdempotencyKey)
+	if err != nil {
+		return nil, err
+	}
+	if !created {
+		return in.existing(ctx, id, s.Lang)
+	}
+	if err := in.queue.Enqueue(ctx, id, j.Priority, 0); err != nil {
+		// Nothing will run it: end it rather than leave it queued forever.
+		_, _ = in.jobs.Apply(context.WithoutCancel(ctx), id, job.Change{Status: job.StatusFailed, Reason: "enqueue failed",
+			Event: &job.Event{Type: job.EventFailed, Error: "enqueue failed"}})
+		return nil, err
+	}
+	if in.history != nil {
+		in.history.Submitted(ctx, j, job.StatusQueued, "none")
+	}
+	a := &Accepted{ID: id, Status: job.StatusQueued, Priority: j.Priority}
+	in.position(ctx, a, s.Lang)
+	in.degraded(ctx, j, a, s.Lang)
+	return a, nil
+}
+
+func (in *Intake) position(ctx context.Context, a *Accepted, lang string) {
+	pos, err := in.queue.Position(ctx, a.ID)
+	if err != nil {
+		in.logger.Warn("intake: queue position", "request_id", a.ID, "err", err)
+		return
+	}
+	if pos == 0 {
+		pos = 1 // already taken by a worker
+	}
+	eta, err := in.queue.ETA(ctx, pos)
+	if err != nil {
+		in.logger.Warn("intake: eta", "request_id", a.ID, "err", err)
+	}
+	a.Position, a.ETA = pos, eta
+	a.Message = progress.QueuedMessage(lang, pos, int(eta.Seconds()))
+}
+
+// degraded marks the answer service_degraded when the "all" breaker, or the
+// breakers of the route and its fallback, are not closed.
+func (in *Intake) degraded(ctx context.Context, j *job.Job, a *Accepted, lang string) {
+	if in.breakers == nil {
+		return
+	}
+	names := []string{breaker.AllName}
+	st, err := in.breakers.Status(ctx, breaker.AllName)
+	if err == nil && st.State != breaker.StateClosed {
+		in.markDegraded(a, st, lang)
+		return
+	}
+	names = []string{j.Route.String()}
+	if fb, ok := in.cfg.Fallback(j.Route); ok {
+		names = append(names, fb.String())
+	}
+	var soonest breaker.Status
+	for i, n := range names {
+		st, err := in.breakers.Status(ctx, n)
+		if err != nil || st.State == breaker.StateClosed {
+			return
+		}
+		if i == 0 || st.RetryAt.Before(soonest.RetryAt) {
+			soonest = st
+		}
+	}
+	in.markDegraded(a, soonest, lang)
+}
+
+func (in *Intake) markDegraded(a *Accepted, st breaker.Status, lang string) {
+	a.Degraded = true
+	a.RetryAfter = max(time.Until(st.RetryAt), time.Second)
+	a.Message = progress.DegradedMessage(lang)
+}
+
+func (in *Intake) existing(ctx context.Context, id, lang string) (*Accepted, error) {
+	rec, err := in.jobs.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	a := &Accepted{ID: id, Status: rec.Status, Priority: rec.Job.Priority, Existing: true, Result: job.ResultOf(rec.State)}
+	if rec.Status == job.StatusQueued {
+		in.position(ctx, a, lang)
+	}
+	return a, nil
+}

@@ -1,0 +1,149 @@
+package intake
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"bulwark/pkg/job"
+	"bulwark/pkg/llm"
+	"bulwark/pkg/priority"
+)
+
+// InputError is bad input: Status is the HTTP status to answer (400, 404,
+// 413, 422) and Field names what is wrong.
+type InputError struct {
+	Status  int
+	Code    string
+	Field   string
+	Message string
+}
+
+func (e *InputError) Error() string {
+	if e.Field == "" {
+		return e.Message
+	}
+	return e.Field + ": " + e.Message
+}
+
+// ErrInput matches every *InputError.
+var ErrInput = errors.New("intake: invalid input")
+
+func (e *InputError) Is(t error) bool { return t == ErrInput }
+
+func invalid(field, format string, args ...any) *InputError {
+	return &InputError{Status: http.StatusUnprocessableEntity, Code: "invalid_request", Field: field, Message: fmt.Sprintf(format, args...)}
+}
+
+// build validates a submission and turns it into a job.
+func (in *Intake) build(t Tenant, s Submission) (*job.Job, error) {
+	if !in.cfg.Routes[s.Route] {
+		return nil, &InputError{Status: http.StatusNotFound, Code: "unknown_model", Field: "model_tier",
+			Message: fmt.Sprintf("no such provider/tier %q", s.Route.String())}
+	}
+	req := s.Request
+	if len(req.Messages) == 0 {
+		return nil, invalid("messages", "at least one message is required")
+	}
+	chars := len(req.System)
+	for i, m := range req.Messages {
+		if m.Role != llm.RoleUser && m.Role != llm.RoleAssistant {
+			return nil, invalid(fmt.Sprintf("messages[%d].role", i), "must be user or assistant, not %q", m.Role)
+		}
+		if len(m.Content) == 0 {
+			return nil, invalid(fmt.Sprintf("messages[%d].content", i), "must not be empty")
+		}
+		for _, b := range m.Content {
+			chars += len(b.Text) + len(b.Input)
+		}
+	}
+	if req.Messages[len(req.Messages)-1].Role != llm.RoleUser {
+		return nil, invalid("messages", "the last message must come from the user")
+	}
+	if chars > in.cfg.MaxPromptChars {
+		return nil, &InputError{Status: http.StatusRequestEntityTooLarge, Code: "prompt_too_long", Field: "messages",
+			Message: fmt.Sprintf("prompt is %d characters, the limit is %d", chars, in.cfg.MaxPromptChars)}
+	}
+	if req.MaxTokens == 0 {
+		req.MaxTokens = in.cfg.DefaultMaxTokens
+	}
+	if req.MaxTokens < 0 || req.MaxTokens > in.cfg.MaxTokensLimit {
+		return nil, invalid("max_tokens", "must be between 1 and %d, got %d", in.cfg.MaxTokensLimit, req.MaxTokens)
+	}
+	if req.Temperature != nil && (*req.Temperature < 0 || *req.Temperature > 2) {
+		return nil, invalid("temperature", "must be between 0 and 2")
+	}
+	p, err := resolvePriority(t, s.Priority)
+	if err != nil {
+		return nil, err
+	}
+	layer := s.Layer
+	if layer == "" {
+		layer = t.DefaultLayer
+	}
+	if layer == "" {
+		layer = in.cfg.DefaultLayer
+	}
+	if len(in.cfg.Layers) > 0 && !in.cfg.Layers[layer] {
+		return nil, invalid("cache_layer", "unknown cache layer %q", layer)
+	}
+	now := time.Now()
+	j := &job.Job{
+		ID: NewID(), Tenant: t.Name, Priority: p, Route: s.Route, Request: req, CaseID: s.CaseID, Layer: layer,
+		ToolResultsHash: s.ToolResultsHash, Metadata: s.Metadata,
+		CacheRead: !s.NoCacheRead, CacheWrite: !s.NoCacheWrite,
+		CreatedAt: now, Deadline: now.Add(in.cfg.MaxWait),
+	}
+	if j.ToolResultsHash == "" {
+		j.ToolResultsHash = ToolResultsHash(req)
+	}
+	if in.cache != nil && in.cfg.CacheEnabled {
+		j.CacheKey = in.cache.Key(j)
+	}
+	return j, nil
+}
+
+// resolvePriority applies the tenant's default and ceiling: a tenant may
+// not ask for more urgency than it is allowed; asking for more is lowered
+// to its ceiling rather than refused, so a client with a hard-coded
+// priority keeps working.
+func resolvePriority(t Tenant, asked priority.Priority) (priority.Priority, error) {
+	p := asked
+	if p == 0 {
+		p = t.DefaultPriority
+	}
+	if p == 0 {
+		p = priority.Normal
+	}
+	if !p.Valid() {
+		return 0, invalid("priority", "must be critical, high, normal, low or 1-4")
+	}
+	if t.MaxPriority.Valid() && p < t.MaxPriority {
+		p = t.MaxPriority
+	}
+	return p, nil
+}
+
+// ToolResultsHash hashes the tool results a conversation carries, so that
+// the same question after different tool output is a different cache entry.
+func ToolResultsHash(req llm.Request) string {
+	h := sha256.New()
+	n := 0
+	for _, m := range req.Messages {
+		for _, b := range m.Content {
+			if b.Type == llm.BlockToolResult {
+				rec, _ := json.Marshal([]any{b.ToolUseID, b.Text, b.IsError})
+				h.Write(rec)
+				n++
+			}
+		}
+	}
+	if n == 0 {
+		return ""
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16]
+}

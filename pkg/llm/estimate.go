@@ -1,0 +1,27 @@
+package llm
+
+// EstimateTokens is the token reservation of a request before the call:
+// input (about four bytes per token, rounded up per piece of text, which
+// over- rather than under-counts) plus MaxTokens, the most the answer can
+// use. Providers meter output-token limits by max_tokens at admission too,
+// so reserving it is what keeps the pool from being told 429; the key pool
+// settles the difference with the real usage afterwards.
+func EstimateTokens(req *Request) int {
+	n := countText(req.System)
+	for _, m := range req.Messages {
+		for _, b := range m.Content {
+			n += countText(b.Text) + countText(string(b.Input))
+		}
+	}
+	for _, t := range req.Tools {
+		n += countText(t.Name) + countText(t.Description) + countText(string(t.InputSchema))
+	}
+	return n + req.MaxTokens
+}
+
+func countText(s string) int {
+	if s == "" {
+		return 0
+	}
+	return (len(s) + 3) / 4
+}

@@ -1,0 +1,286 @@
+// Package progress fans request events out to the Server-Sent-Event streams
+// of one API process and keeps their queue positions current.
+//
+// One Hub per process holds ONE Redis pub/sub connection, whatever the
+// number of streams: every event published by the job store arrives there
+// and is handed to the local subscribers of that request. Positions are
+// recomputed for all local subscribers at once (one pipelined read of the
+// pending lists) when a worker announces a dequeue, debounced, and on a
+// slow tick; a subscriber gets a queued event when its position changes and
+// at least every KeepAlive. So 1,000 streams cost one subscription plus a
+// few reads per dequeue, not 1,000 polling clients.
+//
+// Delivery to a subscriber never blocks the hub: a subscriber whose buffer
+// is full is marked lagged and replays from the stored event stream; so is
+// every subscriber after the pub/sub connection was re-established.
+package progress
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"bulwark/pkg/job"
+	"bulwark/pkg/queue"
+)
+
+// Defaults.
+const (
+	DebounceDefault  = 100 * time.Millisecond
+	TickDefault      = 2 * time.Second
+	KeepAliveDefault = 5 * time.Second
+	bufferSize       = 64
+)
+
+// Positioner reads queue positions and the ETA of a position.
+type Positioner interface {
+	Positions(ctx context.Context) (map[string]int, error)
+	// Rate is the measured drain rate in requests per second.
+	Rate(ctx context.Context) (float64, error)
+	DequeuedChannel() string
+}
+
+// Config configures a Hub.
+type Config struct {
+	// Channel of job events (job.Store.Channel()).
+	Channel string
+	// Debounce of position recomputation after a dequeue. Default 100ms.
+	Debounce time.Duration
+	// Tick recomputes positions even without dequeues. Default 2s.
+	Tick time.Duration
+	// KeepAlive re-sends an unchanged position this often. Default 5s.
+	KeepAlive time.Duration
+}
+
+// Hub is the per-process event fan-out. Start it with Run.
+type Hub struct {
+	rdb    redis.UniversalClient
+	pos    Positioner
+	cfg    Config
+	logger *slog.Logger
+
+	mu   sync.Mutex
+	subs map[string]map[*Sub]struct{} // request id → subscribers
+
+	kick chan struct{} // a dequeue happened
+}
+
+// New returns a hub.
+func New(rdb redis.UniversalClient, pos Positioner, cfg Config, logger *slog.Logger) *Hub {
+	if cfg.Debounce == 0 {
+		cfg.Debounce = DebounceDefault
+	}
+	if cfg.Tick == 0 {
+		cfg.Tick = TickDefault
+	}
+	if cfg.KeepAlive == 0 {
+		cfg.KeepAlive = KeepAliveDefault
+	}
+	return &Hub{rdb: rdb, pos: pos, cfg: cfg, logger: logger,
+		subs: map[string]map[*Sub]struct{}{}, kick: make(chan struct{}, 1)}
+}
+
+// Sub is one stream's subscription.
+type Sub struct {
+	h    *Hub
+	id   string
+	Lang string
+	// C delivers events in order. Stored events carry their stream ID;
+	// position updates have none.
+	C      chan job.Event
+	lagged atomic.Bool
+
+	// Owned by the hub's position loop.
+	lastPos  int
+	lastSent time.Time
+}
+
+// Subscribe registers a stream for request id. lang picks the language of
+// position messages ("zh" or "en"). Close it when the stream ends.
+func (h *Hub) Subscribe(id, lang string) *Sub {
+	s := &Sub{h: h, id: id, Lang: lang, C: make(chan job.Event, bufferSize)}
+	h.mu.Lock()
+	if h.subs[id] == nil {
+		h.subs[id] = map[*Sub]struct{}{}
+	}
+	h.subs[id][s] = struct{}{}
+	h.mu.Unlock()
+	return s
+}
+
+// Close unregisters the subscription.
+func (s *Sub) Close() {
+	s.h.mu.Lock()
+	delete(s.h.subs[s.id], s)
+	if len(s.h.subs[s.id]) == 0 {
+		delete(s.h.subs, s.id)
+	}
+	s.h.mu.Unlock()
+}
+
+// Lagged reports, and clears, whether events were dropped for this
+// subscriber; it must then replay from the store.
+func (s *Sub) Lagged() bool { return s.lagged.Swap(false) }
+
+// Count returns the number of live subscriptions (metrics, tests).
+func (h *Hub) Count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	n := 0
+	for _, m := range h.subs {
+		n += len(m)
+	}
+	return n
+}
+
+func (h *Hub) deliver(id string, ev job.Event) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for s := range h.subs[id] {
+		select {
+		case s.C <- ev:
+		default:
+			s.lagged.Store(true)
+		}
+	}
+}
+
+func (h *Hub) markAllLagged() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, m := range h.subs {
+		for s := range m {
+			s.lagged.Store(true)
+			select { // wake the stream so it replays
+			case s.C <- job.Event{Type: "resync"}:
+			default:
+			}
+		}
+	}
+}
+
+// Run receives events until ctx ends. It owns the pub/sub connection.
+func (h *Hub) Run(ctx context.Context) error {
+	ps := h.rdb.Subscribe(ctx, h.cfg.Channel, h.pos.DequeuedChannel())
+	defer ps.Close()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		h.positionLoop(ctx)
+	}()
+	defer wg.Wait()
+
+	first := true
+	ch := ps.ChannelWithSubscriptions(redis.WithChannelSize(1024))
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case m, ok := <-ch:
+			if !ok {
+				return nil
+			}
+			switch m := m.(type) {
+			case *redis.Subscription:
+				// Re-subscribed after a reconnect: anything published in
+				// between was missed, so every stream replays.
+				if m.Kind == "subscribe" && m.Channel == h.cfg.Channel {
+					if !first {
+						h.markAllLagged()
+					}
+					first = false
+				}
+			case *redis.Message:
+				if m.Channel == h.pos.DequeuedChannel() {
+					select {
+					case h.kick <- struct{}{}:
+					default:
+					}
+					continue
+				}
+				id, ev, err := job.ParseMessage(m.Payload)
+				if err != nil {
+					h.logger.Warn("progress: bad event message", "err", err)
+					continue
+				}
+				h.deliver(id, ev)
+			}
+		}
+	}
+}
+
+func (h *Hub) positionLoop(ctx context.Context) {
+	tick := time.NewTicker(h.cfg.Tick)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		case <-h.kick:
+			// Debounce: a burst of dequeues costs one recomputation.
+			t := time.NewTimer(h.cfg.Debounce)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+		}
+		h.updatePositions(ctx)
+	}
+}
+
+func (h *Hub) updatePositions(ctx context.Context) {
+	h.mu.Lock()
+	n := len(h.subs)
+	h.mu.Unlock()
+	if n == 0 {
+		return
+	}
+	pos, err := h.pos.Positions(ctx)
+	if err != nil {
+		h.logger.Warn("progress: read positions", "err", err)
+		return
+	}
+	rate, err := h.pos.Rate(ctx)
+	if err != nil {
+		h.logger.Warn("progress: read drain rate", "err", err)
+		return
+	}
+	now := time.Now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for id, m := range h.subs {
+		p, ok := pos[id]
+		if !ok {
+			continue
+		}
+		for s := range m {
+			if p == s.lastPos && now.Sub(s.lastSent) < h.cfg.KeepAlive {
+				continue
+			}
+			ev := QueuedEvent(id, p, queue.ETAFor(p, rate), s.Lang)
+			select {
+			case s.C <- ev:
+				s.lastPos, s.lastSent = p, now
+			default:
+			}
+		}
+	}
+}
+
+// QueuedEvent builds the design document's 4.3 queued update.
+func QueuedEvent(id string, position int, eta time.Duration, lang string) job.Event {
+	secs := int(eta.Seconds())
+	return job.Event{
+		Type: job.EventQueued, RequestID: id, Status: job.StatusQueued, At: time.Now(),
+		QueuePosition: position, EstimatedWaitSeconds: secs,
+		Message: QueuedMessage(lang, position, secs),
+	}
+}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# test.sh runs the whole test suite against real Redis and PostgreSQL:
+# installs what is missing, starts both under .data/test on their own
+# ports (fsync off: throw-away data), runs `go test -race ./...`, and stops
+# them again. Extra arguments go to `go test` (e.g. -run TestX ./pkg/job).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+"$root/scripts/deps.sh"
+export BULWARK_DATA_DIR=${BULWARK_TEST_DATA_DIR:-$root/.data/test}
+export BULWARK_REDIS_PORT=${BULWARK_TEST_REDIS_PORT:-16380}
+export BULWARK_PG_PORT=${BULWARK_TEST_PG_PORT:-15433}
+export BULWARK_PG_FAST=1
+"$root/scripts/services.sh" start >/dev/null
+if [ "${BULWARK_KEEP_SERVICES:-0}" != 1 ]; then
+  trap '"$root/scripts/services.sh" stop' EXIT
+fi
+export BULWARK_TEST_REDIS=127.0.0.1:$BULWARK_REDIS_PORT
+export BULWARK_TEST_PG="postgres://postgres@127.0.0.1:$BULWARK_PG_PORT/postgres?sslmode=disable"
+
+if [ $# -gt 0 ]; then
+  go test -race "$@"
+else
+  go test -race -timeout 9m ./...
+fi
