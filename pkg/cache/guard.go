@@ -1,0 +1,75 @@
+package cache
+
+import (
+	"regexp"
+	"slices"
+	"strings"
+)
+
+// guard is the protected-entity check of semantic hits: two prompts may
+// be close in embedding space yet ask about different things when they
+// name a different trouble code, ECU, part or version ("P0A80" and "P0A81"
+// differ in one character of a long prompt). For each protected pattern the
+// sorted list of matches must be equal in both prompts. Matches of the
+// ignored patterns (timestamps) are blanked first, so prompts that differ
+// only in a VIN or a timestamp still hit. A guard is immutable and safe for
+// concurrent use.
+type guard struct {
+	protected []*regexp.Regexp
+	ignored   []*regexp.Regexp
+}
+
+func newGuard(protected, ignored []string) (*guard, error) {
+	g := &guard{}
+	for _, p := range protected {
+		re, err := regexp.Compile(p)
+		if err != nil {
+			return nil, err
+		}
+		g.protected = append(g.protected, re)
+	}
+	for _, p := range ignored {
+		re, err := regexp.Compile(p)
+		if err != nil {
+			return nil, err
+		}
+		g.ignored = append(g.ignored, re)
+	}
+	return g, nil
+}
+
+// entities is, per protected pattern, the sorted upper-cased matches.
+type entities [][]string
+
+// extract returns the protected entities of a prompt.
+func (g *guard) extract(prompt string) entities {
+	if len(g.protected) == 0 {
+		return nil
+	}
+	for _, re := range g.ignored {
+		prompt = re.ReplaceAllLiteralString(prompt, " ")
+	}
+	out := make(entities, len(g.protected))
+	for i, re := range g.protected {
+		m := re.FindAllString(prompt, -1)
+		for j := range m {
+			m[j] = strings.ToUpper(m[j])
+		}
+		slices.Sort(m)
+		out[i] = m
+	}
+	return out
+}
+
+// same reports whether two prompts' entities agree for every pattern.
+func (e entities) same(o entities) bool {
+	if len(e) != len(o) {
+		return false
+	}
+	for i := range e {
+		if !slices.Equal(e[i], o[i]) {
+			return false
+		}
+	}
+	return true
+}
