@@ -185,31 +185,31 @@ func (e *OpenError) Is(target error) bool { return target == ErrOpen }
 // Status is a breaker's observable state. Times are Redis server times.
 type Status struct {
 	// Name is the breaker's name.
-	Name string
+	Name string `json:"name"`
 	// State is the effective state: an open breaker whose OpenTimeout has
 	// passed is reported half_open even before anyone has called Allow.
-	State State
+	State State `json:"state"`
 	// ConsecutiveFailures is the failure count while closed.
-	ConsecutiveFailures int
+	ConsecutiveFailures int `json:"consecutive_failures"`
 	// HalfOpenSuccesses is the number of successful probes so far in the
 	// current half-open period.
-	HalfOpenSuccesses int
+	HalfOpenSuccesses int `json:"half_open_successes"`
 	// ProbesInFlight is the number of unexpired probe leases (half-open only).
-	ProbesInFlight int
+	ProbesInFlight int `json:"probes_in_flight"`
 	// OpenedAt is when the breaker last opened; kept after it closes, for
 	// the record. Zero if it never opened.
-	OpenedAt time.Time
+	OpenedAt time.Time `json:"opened_at,omitzero"`
 	// RetryAt is when an open breaker turns half-open; zero unless open.
-	RetryAt time.Time
+	RetryAt time.Time `json:"retry_at,omitzero"`
 	// DegradedSince is when the breaker last left closed; zero while closed.
 	// "Breaker open > 3 min" alerts measure from here, so a breaker that
 	// flaps open→half_open→open still counts as one long outage.
-	DegradedSince time.Time
+	DegradedSince time.Time `json:"degraded_since,omitzero"`
 	// Reason is why the breaker last opened: the Trip reason, or the failure
 	// that opened it. Kept after it closes.
-	Reason string
+	Reason string `json:"reason,omitempty"`
 	// LastTransition is when the last transition happened; zero if none.
-	LastTransition time.Time
+	LastTransition time.Time `json:"last_transition,omitzero"`
 }
 
 // Set is the collection of breakers sharing one Config and one Redis. It is

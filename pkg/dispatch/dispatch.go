@@ -22,6 +22,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -92,6 +94,16 @@ type Config struct {
 	// MaxTransientWait caps the delay of an asynq retry after transient
 	// failures. Default 30s.
 	MaxTransientWait time.Duration
+	// MaxSlotWaiters caps, per priority, the tasks of this process waiting
+	// for a global slot; a task beyond it goes back to its queue for
+	// SlotBusyDelay instead of holding a worker goroutine. Without it a
+	// flood of LOW tasks, which may use one slot, would occupy every
+	// goroutine waiting, and a CRITICAL task could not even be dequeued
+	// until one finished. 0 for a priority means no cap.
+	MaxSlotWaiters map[priority.Priority]int
+	// SlotBusyDelay before a task turned away by MaxSlotWaiters is taken
+	// again (jittered ±50%). Default 500ms.
+	SlotBusyDelay time.Duration
 }
 
 // Dispatcher handles bulwark:call tasks. It is safe for concurrent use.
@@ -106,6 +118,9 @@ type Dispatcher struct {
 	alerter  Alerter
 	metrics  *metrics.Metrics
 	logger   *slog.Logger
+
+	mu      sync.Mutex
+	waiters map[priority.Priority]int // tasks waiting for a slot, guarded by mu
 }
 
 // Deps are the dispatcher's collaborators. Finisher and Alerter may be nil.
@@ -132,6 +147,9 @@ func New(cfg Config, d Deps) *Dispatcher {
 	if cfg.MaxTransientWait == 0 {
 		cfg.MaxTransientWait = 30 * time.Second
 	}
+	if cfg.SlotBusyDelay == 0 {
+		cfg.SlotBusyDelay = 500 * time.Millisecond
+	}
 	if cfg.Price == nil {
 		cfg.Price = func(llm.Route) metrics.Price { return metrics.Price{} }
 	}
@@ -139,7 +157,8 @@ func New(cfg Config, d Deps) *Dispatcher {
 		d.Metrics = metrics.New(nil)
 	}
 	return &Dispatcher{cfg: cfg, jobs: d.Jobs, starts: d.Starts, slots: d.Slots, pool: d.Pool,
-		breakers: d.Breakers, finisher: d.Finisher, alerter: d.Alerter, metrics: d.Metrics, logger: d.Logger}
+		breakers: d.Breakers, finisher: d.Finisher, alerter: d.Alerter, metrics: d.Metrics, logger: d.Logger,
+		waiters: map[priority.Priority]int{}}
 }
 
 // waitError re-enqueues a task after Delay without counting a failure.
@@ -210,10 +229,35 @@ func deadlineReason(rec *job.Record, what string) string {
 		time.Since(rec.Job.CreatedAt).Round(time.Second), rec.Job.Deadline.Sub(rec.Job.CreatedAt).Round(time.Second), what)
 }
 
+// enterWait admits a task to the slot wait unless its priority's cap of
+// waiters in this process is reached.
+func (d *Dispatcher) enterWait(p priority.Priority) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if limit := d.cfg.MaxSlotWaiters[p]; limit > 0 && d.waiters[p] >= limit {
+		return false
+	}
+	d.waiters[p]++
+	return true
+}
+
+func (d *Dispatcher) leaveWait(p priority.Priority) {
+	d.mu.Lock()
+	d.waiters[p]--
+	d.mu.Unlock()
+}
+
 func (d *Dispatcher) run(ctx context.Context, rec *job.Record, t *asynq.Task, log *slog.Logger) error {
+	p := rec.Job.Priority
+	if !d.enterWait(p) {
+		// Back to the queue, not a failure and not a status change.
+		delay := d.cfg.SlotBusyDelay/2 + rand.N(d.cfg.SlotBusyDelay)
+		return &waitError{Delay: delay}
+	}
 	slotCtx, cancel := context.WithDeadline(ctx, rec.Job.Deadline)
-	slot, err := d.slots.Acquire(slotCtx, rec.Job.Priority)
+	slot, err := d.slots.Acquire(slotCtx, p)
 	cancel()
+	d.leaveWait(p)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil // cancelled by the caller or shutting down; asynq handles the task

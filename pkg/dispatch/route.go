@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"time"
@@ -41,6 +42,7 @@ const (
 	routeTransient
 	routeOverloaded
 	routeCancelled
+	routeNoKeys // the pool has no key for the route: skip it
 )
 
 // callRoutes tries the asked route, then its fallback. The "all" breaker
@@ -66,14 +68,19 @@ func (d *Dispatcher) callRoutes(ctx context.Context, rec *job.Record, log *slog.
 	if fb, ok := d.cfg.Fallback(rec.Job.Route); ok {
 		routes = append(routes, fb)
 	}
-	shut := 0 // routes exhausted by cooldowns or open breakers
+	shut, tried := 0, 0 // routes exhausted by cooldowns or open breakers; routes with keys
 	for i, r := range routes {
-		if i > 0 {
+		res, rr := d.callRoute(ctx, rec, r, log)
+		if rr != routeNoKeys {
+			tried++
+		}
+		if i > 0 && rr != routeNoKeys && rr != routeExhausted {
+			// Reported once a call went to the fallback route (before the
+			// completed event), not for a fallback that had no room either.
 			d.metrics.Fallbacks.WithLabelValues(routes[0].String(), r.String()).Inc()
 			d.event(ctx, rec, job.Event{Type: job.EventFallback, From: routes[0].String(), Provider: r.Provider, Tier: r.Tier})
-			log.Info("dispatch: falling back", "from", routes[0].String(), "to", r.String())
+			log.Info("dispatch: fell back", "from", routes[0].String(), "to", r.String())
 		}
-		res, rr := d.callRoute(ctx, rec, r, log)
 		switch rr {
 		case routeOK:
 			_ = all.Done(ctx, breaker.Success)
@@ -100,7 +107,12 @@ func (d *Dispatcher) callRoutes(ctx context.Context, rec *job.Record, log *slog.
 			}
 		}
 	}
-	if shut == len(routes) {
+	if tried == 0 {
+		_ = all.Done(ctx, breaker.Ignore)
+		out.permanent = fmt.Errorf("no provider key is configured for %s or its fallback", rec.Job.Route)
+		return out
+	}
+	if shut == tried {
 		_ = all.DoneReason(ctx, breaker.Failure, "all provider routes exhausted")
 	} else {
 		_ = all.Done(ctx, breaker.Ignore)
@@ -136,6 +148,8 @@ func (d *Dispatcher) callRoute(ctx context.Context, rec *job.Record, r llm.Route
 			case errors.As(err, &ee):
 				shut := ee.Reason == keypool.ReasonCooling || ee.Reason == keypool.ReasonDisabled
 				return outcome{exhausted: true, retryAfter: ee.RetryAfter, shut: shut}, routeExhausted
+			case errors.Is(err, keypool.ErrUnknownRoute):
+				return outcome{}, routeNoKeys
 			case errors.Is(err, keypool.ErrTooLarge):
 				return outcome{permanent: err}, routePermanent
 			default:

@@ -1,23 +1,292 @@
 package httpapi
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
 	"net/http"
+	"strconv"
+	"strings"
+	"time"
 
 	"github.com/gin-gonic/gin"
+
+	"bulwark/pkg/intake"
+	"bulwark/pkg/job"
+	"bulwark/pkg/llm"
+	"bulwark/pkg/priority"
+	"bulwark/pkg/progress"
+	"bulwark/pkg/provider/anthropic"
+	"bulwark/pkg/provider/openai"
+	"bulwark/pkg/queue"
 )
 
+// The compat endpoints speak the OpenAI Chat Completions and Anthropic
+// Messages APIs, so an existing SDK adopts Bulwark by changing its base
+// URL. They run the same five layers as the async API and answer
+// synchronously: they wait up to SyncTimeout for the result; past it they
+// answer 429 with Retry-After and the request id in X-Bulwark-Request-Id,
+// so the caller can fetch the result (GET /v1/requests/{id}) instead of
+// resubmitting. Bulwark's own knobs travel in headers:
+//
+//	X-Bulwark-Priority         critical|high|normal|low or 1-4
+//	X-Bulwark-Case-Id          diagnosis case (cache invalidation)
+//	X-Bulwark-Cache-Layer      router|agent|synthesizer
+//	X-Bulwark-Tool-Results-Hash  scope of the cache entry
+//	X-Bulwark-Cache            "bypass" (no read, no write), "no-store", "no-read"
+//	Idempotency-Key            same key, same request
+//
+// Answers carry X-Bulwark-Request-Id, X-Bulwark-Provider,
+// X-Bulwark-Model-Tier and X-Bulwark-Cache (none|exact|semantic|coalesced):
+// which provider answered is visible only to a caller who looks.
+
+// dialect is one compat API's wire format.
+type dialect struct {
+	name   string
+	decode func(body []byte) (model string, stream bool, req *llm.Request, opts []openai.StreamOption, err error)
+	encode func(resp *llm.Response, model string) ([]byte, error)
+	stream func(w io.Writer, resp *llm.Response, model string, opts []openai.StreamOption) error
+	error  func(status int, code, msg string) []byte
+}
+
+var openAIDialect = dialect{
+	name: "openai",
+	decode: func(body []byte) (string, bool, *llm.Request, []openai.StreamOption, error) {
+		info, req, err := openai.DecodeRequest(body)
+		if err != nil {
+			return "", false, nil, nil, err
+		}
+		return info.Model, info.Stream, req, []openai.StreamOption{openai.WithUsage(info.IncludeUsage)}, nil
+	},
+	encode: openai.EncodeResponse,
+	stream: func(w io.Writer, resp *llm.Response, model string, opts []openai.StreamOption) error {
+		return openai.WriteStream(w, resp, model, opts...)
+	},
+	error: openai.EncodeError,
+}
+
+var anthropicDialect = dialect{
+	name: "anthropic",
+	decode: func(body []byte) (string, bool, *llm.Request, []openai.StreamOption, error) {
+		info, req, err := anthropic.DecodeRequest(body)
+		if err != nil {
+			return "", false, nil, nil, err
+		}
+		return info.Model, info.Stream, req, nil, nil
+	},
+	encode: anthropic.EncodeResponse,
+	stream: func(w io.Writer, resp *llm.Response, model string, _ []openai.StreamOption) error {
+		return anthropic.WriteStream(w, resp, model)
+	},
+	error: anthropic.EncodeError,
+}
+
 func openAIError(c *gin.Context, status int, code, msg string) {
-	c.AbortWithStatusJSON(status, gin.H{"error": gin.H{"message": msg, "type": "invalid_request_error", "param": nil, "code": code}})
+	c.Data(status, "application/json", openai.EncodeError(status, code, msg))
+	c.Abort()
 }
 
-func anthropicError(c *gin.Context, status int, typ, msg string) {
-	c.AbortWithStatusJSON(status, gin.H{"type": "error", "error": gin.H{"type": typ, "message": msg}})
+func anthropicError(c *gin.Context, status int, code, msg string) {
+	c.Data(status, "application/json", anthropic.EncodeError(status, code, msg))
+	c.Abort()
 }
 
-func (s *Server) openAIChat(c *gin.Context) {
-	openAIError(c, http.StatusNotImplemented, "not_implemented", "not implemented yet")
+func (s *Server) openAIChat(c *gin.Context)        { s.compat(c, openAIDialect) }
+func (s *Server) anthropicMessages(c *gin.Context) { s.compat(c, anthropicDialect) }
+
+func (d dialect) fail(c *gin.Context, status int, code, msg string) {
+	c.Data(status, "application/json", d.error(status, code, msg))
+	c.Abort()
 }
 
-func (s *Server) anthropicMessages(c *gin.Context) {
-	anthropicError(c, http.StatusNotImplemented, "api_error", "not implemented yet")
+func (s *Server) compat(c *gin.Context, d dialect) {
+	body, err := io.ReadAll(c.Request.Body)
+	if err != nil {
+		if isBodyTooLarge(err) {
+			d.fail(c, http.StatusRequestEntityTooLarge, "body_too_large", "request body exceeds the limit")
+			return
+		}
+		d.fail(c, http.StatusBadRequest, "invalid_body", "could not read the request body")
+		return
+	}
+	model, streaming, req, opts, err := d.decode(body)
+	if err != nil {
+		d.fail(c, http.StatusBadRequest, "invalid_request", err.Error())
+		return
+	}
+	route, ok := s.d.Models.Resolve(model)
+	if !ok {
+		d.fail(c, http.StatusNotFound, "model_not_found", fmt.Sprintf("unknown model %q", model))
+		return
+	}
+	sub, err := compatSubmission(c, route, req)
+	if err != nil {
+		d.fail(c, http.StatusBadRequest, "invalid_header", err.Error())
+		return
+	}
+	ctx := c.Request.Context()
+	a, err := s.d.Intake.Submit(ctx, tenantOf(c), sub)
+	if err != nil {
+		s.compatSubmitError(c, d, err)
+		return
+	}
+	c.Set(ctxRequestID, a.ID)
+	c.Header("X-Bulwark-Request-Id", a.ID)
+	rec, err := s.await(ctx, a)
+	switch {
+	case errors.Is(err, errStillQueued):
+		c.Header("Retry-After", strconv.Itoa(max(1, ceilSeconds(s.retryHint(ctx, a.ID)))))
+		d.fail(c, http.StatusTooManyRequests, "still_queued", fmt.Sprintf(
+			"the request is queued and did not finish within %s; fetch it later with GET /v1/requests/%s instead of resubmitting",
+			s.cfg.SyncTimeout, a.ID))
+		return
+	case err != nil:
+		if ctx.Err() == nil {
+			d.fail(c, http.StatusServiceUnavailable, "unavailable", "request store unavailable")
+		}
+		return
+	}
+	if a.CoalescedInto != "" && rec.Job.ID != a.ID {
+		rec.State.Cached = "coalesced"
+	}
+	s.compatAnswer(c, d, rec, model, streaming, opts)
+}
+
+// compatSubmission reads Bulwark's headers.
+func compatSubmission(c *gin.Context, route llm.Route, req *llm.Request) (intake.Submission, error) {
+	r := *req
+	r.Model = "" // the route's configured model is used
+	sub := intake.Submission{Route: route, Request: r,
+		CaseID: c.GetHeader("X-Bulwark-Case-Id"), Layer: c.GetHeader("X-Bulwark-Cache-Layer"),
+		ToolResultsHash: c.GetHeader("X-Bulwark-Tool-Results-Hash"),
+		IdempotencyKey:  c.GetHeader("Idempotency-Key"), Lang: progress.Lang(c.GetHeader("Accept-Language"))}
+	if p := c.GetHeader("X-Bulwark-Priority"); p != "" {
+		v, err := priority.Parse(p)
+		if err != nil {
+			return sub, fmt.Errorf("X-Bulwark-Priority: %w", err)
+		}
+		sub.Priority = v
+	}
+	switch strings.ToLower(c.GetHeader("X-Bulwark-Cache")) {
+	case "":
+	case "bypass":
+		sub.NoCacheRead, sub.NoCacheWrite = true, true
+	case "no-store":
+		sub.NoCacheWrite = true
+	case "no-read":
+		sub.NoCacheRead = true
+	default:
+		return sub, fmt.Errorf("X-Bulwark-Cache: want bypass, no-store or no-read")
+	}
+	return sub, nil
+}
+
+func (s *Server) compatSubmitError(c *gin.Context, d dialect, err error) {
+	var ie *intake.InputError
+	var full *queue.FullError
+	var rl *intake.RateLimitError
+	switch {
+	case errors.As(err, &ie):
+		status := ie.Status
+		if status == http.StatusUnprocessableEntity {
+			status = http.StatusBadRequest // both SDKs treat 400 as the caller's fault
+		}
+		d.fail(c, status, ie.Code, ie.Error())
+	case errors.As(err, &full):
+		c.Header("Retry-After", strconv.Itoa(ceilSeconds(full.RetryAfter)))
+		d.fail(c, http.StatusTooManyRequests, "queue_full", full.Error())
+	case errors.As(err, &rl):
+		c.Header("Retry-After", strconv.Itoa(ceilSeconds(rl.RetryAfter)))
+		d.fail(c, http.StatusTooManyRequests, "tenant_rate_limited", rl.Error())
+	default:
+		s.d.Logger.Error("compat submit failed", "err", err)
+		d.fail(c, http.StatusServiceUnavailable, "unavailable", "could not accept the request; retry shortly")
+	}
+}
+
+var errStillQueued = errors.New("still queued")
+
+// await waits for a request (or the one it coalesced into) to end, up to
+// SyncTimeout, on the hub's events rather than by polling.
+func (s *Server) await(ctx context.Context, a *intake.Accepted) (*job.Record, error) {
+	follow := a.ID
+	if a.CoalescedInto != "" {
+		follow = a.CoalescedInto
+	}
+	sub := s.d.Hub.Subscribe(follow, "en")
+	defer sub.Close()
+	timer := time.NewTimer(s.cfg.SyncTimeout)
+	defer timer.Stop()
+	for {
+		rec, err := s.d.Jobs.Get(ctx, follow)
+		if err != nil {
+			return nil, err
+		}
+		if rec.Status.Terminal() {
+			return rec, nil
+		}
+		// Wait for the next stored event (a position update changes nothing).
+		for waiting := true; waiting; {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-timer.C:
+				return nil, errStillQueued
+			case ev := <-sub.C:
+				waiting = ev.ID == "" && ev.Type != "resync"
+			}
+		}
+	}
+}
+
+// retryHint is when a still-queued request is likely done.
+func (s *Server) retryHint(ctx context.Context, id string) time.Duration {
+	pos, err := s.d.Queue.Position(ctx, id)
+	if err != nil || pos == 0 {
+		return time.Second
+	}
+	eta, _ := s.d.Queue.ETA(ctx, pos)
+	return eta
+}
+
+func (s *Server) compatAnswer(c *gin.Context, d dialect, rec *job.Record, model string, streaming bool, opts []openai.StreamOption) {
+	st := rec.State
+	if rec.Status != job.StatusCompleted || st.Result == nil {
+		status, code := http.StatusBadGateway, "upstream_failed"
+		if rec.Status == job.StatusCancelled {
+			status, code = http.StatusConflict, "cancelled"
+		} else if strings.HasPrefix(rec.Reason, "deadline_exceeded") {
+			status, code = http.StatusServiceUnavailable, "deadline_exceeded"
+		} else if strings.HasPrefix(rec.Reason, "provider_error") {
+			status, code = http.StatusBadRequest, "provider_rejected"
+		}
+		d.fail(c, status, code, rec.Reason)
+		return
+	}
+	if st.ServedRoute != nil {
+		c.Header("X-Bulwark-Provider", string(st.ServedRoute.Provider))
+		c.Header("X-Bulwark-Model-Tier", st.ServedRoute.Tier)
+	}
+	cached := st.Cached
+	if cached == "" {
+		cached = "none"
+	}
+	c.Header("X-Bulwark-Cache", cached)
+	if streaming {
+		c.Header("Content-Type", "text/event-stream")
+		c.Header("Cache-Control", "no-cache")
+		c.Status(http.StatusOK)
+		if err := d.stream(c.Writer, st.Result, model, opts); err != nil {
+			s.d.Logger.Warn("compat: stream", "err", err)
+		}
+		c.Writer.Flush()
+		return
+	}
+	body, err := d.encode(st.Result, model)
+	if err != nil {
+		d.fail(c, http.StatusInternalServerError, "encode_failed", "could not encode the answer")
+		return
+	}
+	c.Data(http.StatusOK, "application/json", body)
 }

@@ -2,11 +2,11 @@ package intake
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"bulwark/pkg/job"
 	"bulwark/pkg/metrics"
+	"bulwark/pkg/progress"
 )
 
 // fromCache answers from layer 1. A hit is stored as a completed request so
@@ -59,9 +59,10 @@ func (in *Intake) fromCache(ctx context.Context, j *job.Job, s Submission) (*Acc
 		Similarity: hit.Similarity, CacheAge: hit.Age, Result: res}, true
 }
 
-// coalesce attaches j to an identical request in flight, if there is one.
-// The follower gets its own id whose record points at the leader; reading
-// or streaming it follows the leader.
+// coalesce attaches the stored job j to an identical request in flight,
+// if there is one: j's record then points at the leader, and reading or
+// streaming j follows the leader. A leader that has just completed hands
+// over its answer directly.
 func (in *Intake) coalesce(ctx context.Context, j *job.Job, s Submission) (*Accepted, bool, error) {
 	if in.coalescer == nil || j.CacheKey == "" || !j.CacheRead {
 		return nil, false, nil
@@ -71,30 +72,40 @@ func (in *Intake) coalesce(ctx context.Context, j *job.Job, s Submission) (*Acce
 		return nil, false, nil // we lead (or cannot tell): run it
 	}
 	lrec, err := in.jobs.Get(ctx, leader)
-	if err != nil || lrec.Status.Terminal() || lrec.Job.Tenant != j.Tenant {
+	if err != nil || lrec.Job.Tenant != j.Tenant {
 		return nil, false, nil
 	}
+	switch {
+	case lrec.Status == job.StatusCompleted && lrec.State.Result != nil:
+		st := lrec.State
+		st.Cached, st.CoalescedInto = "coalesced", leader
+		res := job.ResultOf(st)
+		if _, err := in.jobs.Apply(ctx, j.ID, job.Change{Status: job.StatusCompleted, State: &st,
+			Event: &job.Event{Type: job.EventCompleted, Provider: res.Provider, Tier: res.Tier, Result: res}}); err != nil {
+			return nil, false, err
+		}
+		in.metrics.Coalesced.Inc()
+		if in.history != nil {
+			in.history.Submitted(ctx, j, job.StatusCompleted, "coalesced")
+		}
+		return &Accepted{ID: j.ID, Status: job.StatusCompleted, Priority: j.Priority, Cached: "coalesced", Result: res}, true, nil
+	case lrec.Status.Terminal():
+		return nil, false, nil // the leader failed or was cancelled: run our own
+	}
 	st := job.State{CoalescedInto: leader, Cached: "coalesced"}
-	id, created, err := in.jobs.Create(ctx, j, job.Event{Type: job.EventQueued}, s.IdempotencyKey)
-	if err != nil {
-		return nil, false, err
-	}
-	if !created {
-		a, err := in.existing(ctx, id, s.Lang)
-		return a, true, err
-	}
-	if _, err := in.jobs.Apply(ctx, id, job.Change{State: &st}); err != nil && !errors.Is(err, job.ErrTerminal) {
+	if _, err := in.jobs.Apply(ctx, j.ID, job.Change{State: &st}); err != nil {
 		return nil, false, err
 	}
 	in.metrics.Coalesced.Inc()
 	if in.history != nil {
 		in.history.Submitted(ctx, j, job.StatusQueued, "coalesced")
 	}
-	a := &Accepted{ID: id, Status: lrec.Status, Priority: j.Priority, CoalescedInto: leader}
+	a := &Accepted{ID: j.ID, Status: lrec.Status, Priority: j.Priority, CoalescedInto: leader}
 	if lrec.Status == job.StatusQueued {
 		pos, _ := in.queue.Position(ctx, leader)
 		a.Position = max(pos, 1)
 		a.ETA, _ = in.queue.ETA(ctx, a.Position)
+		a.Message = progress.QueuedMessage(s.Lang, a.Position, int(a.ETA.Seconds()))
 	}
 	return a, true, nil
 }

@@ -215,19 +215,14 @@ func (in *Intake) Submit(ctx context.Context, t Tenant, s Submission) (*Accepted
 	if a, ok := in.fromCache(ctx, j, s); ok {
 		return a, nil
 	}
-	if a, ok, err := in.coalesce(ctx, j, s); err != nil || ok {
-		return a, err
-	}
 	if err := in.queue.Admit(ctx); err != nil {
 		if errors.Is(err, queue.ErrQueueFull) {
 			in.metrics.AdmissionRejected.WithLabelValues(j.Priority.String(), metrics.ReasonQueueFull).Inc()
 		}
 		return nil, err
 	}
-	return in.enqueue(ctx, j, s)
-}
-
-func (in *Intake) enqueue(ctx context.Context, j *job.Job, s Submission) (*Accepted, error) {
+	// The record exists before the coalescing claim, so whoever finds this
+	// request leading can always read it.
 	id, created, err := in.jobs.Create(ctx, j, job.Event{Type: job.EventQueued}, s.IdempotencyKey)
 	if err != nil {
 		return nil, err
@@ -235,6 +230,15 @@ func (in *Intake) enqueue(ctx context.Context, j *job.Job, s Submission) (*Accep
 	if !created {
 		return in.existing(ctx, id, s.Lang)
 	}
+	if a, ok, err := in.coalesce(ctx, j, s); err != nil || ok {
+		return a, err
+	}
+	return in.enqueue(ctx, j, s)
+}
+
+// enqueue puts a stored job on its queue.
+func (in *Intake) enqueue(ctx context.Context, j *job.Job, s Submission) (*Accepted, error) {
+	id := j.ID
 	if err := in.queue.Enqueue(ctx, id, j.Priority, 0); err != nil {
 		// Nothing will run it: end it rather than leave it queued forever.
 		_, _ = in.jobs.Apply(context.WithoutCancel(ctx), id, job.Change{Status: job.StatusFailed, Reason: "enqueue failed",

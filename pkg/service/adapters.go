@@ -1,0 +1,236 @@
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/redis/go-redis/v9"
+
+	"bulwark/pkg/cache"
+	"bulwark/pkg/history"
+	"bulwark/pkg/intake"
+	"bulwark/pkg/job"
+	"bulwark/pkg/llm"
+	"bulwark/pkg/metrics"
+	"bulwark/pkg/priority"
+)
+
+// cachedAnswer is what the semantic cache stores for a request.
+type cachedAnswer struct {
+	Route    llm.Route     `json:"route"`
+	Response *llm.Response `json:"response"`
+}
+
+// cacheAdapter is layer 1 as intake and the worker see it.
+type cacheAdapter struct {
+	c *cache.Cache
+	m *metrics.Metrics
+}
+
+func cacheKey(j *job.Job) cache.Key {
+	return cache.Key{Tenant: j.Tenant, Tier: j.Route.String(), Layer: j.Layer, ToolResultsHash: j.ToolResultsHash,
+		CaseID: j.CaseID, Prompt: PromptText(&j.Request)}
+}
+
+// PromptText is the text a request is cached by: system prompt, tool
+// definitions and every message with its role.
+func PromptText(r *llm.Request) string {
+	var b strings.Builder
+	b.WriteString("system: " + r.System + "\n")
+	for _, t := range r.Tools {
+		fmt.Fprintf(&b, "tool %s: %s %s\n", t.Name, t.Description, t.InputSchema)
+	}
+	for _, m := range r.Messages {
+		for _, bl := range m.Content {
+			switch bl.Type {
+			case llm.BlockText:
+				fmt.Fprintf(&b, "%s: %s\n", m.Role, bl.Text)
+			case llm.BlockToolUse:
+				fmt.Fprintf(&b, "%s calls %s %s\n", m.Role, bl.ToolName, bl.Input)
+			case llm.BlockToolResult:
+				fmt.Fprintf(&b, "%s result %s (error=%v): %s\n", m.Role, bl.ToolUseID, bl.IsError, bl.Text)
+			}
+		}
+	}
+	return b.String()
+}
+
+// Key implements intake.Cache.
+func (a cacheAdapter) Key(j *job.Job) string {
+	k := cacheKey(j)
+	return a.c.Scope(k) + ":" + cache.PromptHash(cache.Normalise(k.Prompt))
+}
+
+// Lookup implements intake.Cache. It embeds the prompt once and keeps the
+// vector on the job for the write after the provider answers.
+func (a cacheAdapter) Lookup(ctx context.Context, j *job.Job) (intake.Hit, error) {
+	k := cacheKey(j)
+	if j.Embedding == nil {
+		emb, err := a.c.Embed(ctx, k.Prompt)
+		if err != nil {
+			a.m.CacheUnavailable.Inc()
+			return intake.Hit{}, err
+		}
+		j.Embedding = emb
+	}
+	h, err := a.c.Lookup(ctx, k, j.Embedding)
+	if err != nil {
+		a.m.CacheUnavailable.Inc()
+		return intake.Hit{}, err
+	}
+	if h.Kind == cache.KindNone {
+		return intake.Hit{Kind: "none"}, nil
+	}
+	var ans cachedAnswer
+	if err := json.Unmarshal(h.Response, &ans); err != nil || ans.Response == nil {
+		return intake.Hit{Kind: "none"}, nil
+	}
+	return intake.Hit{Kind: string(h.Kind), Similarity: h.Similarity, Age: h.Age, Response: ans.Response, Route: ans.Route}, nil
+}
+
+// store writes a final answer. Only complete answers are cached: a
+// truncated one (max_tokens) is a partial answer.
+func (a cacheAdapter) store(ctx context.Context, rec *job.Record) error {
+	st := rec.State
+	if st.Result == nil || st.ServedRoute == nil || st.Result.StopReason == llm.StopMaxTokens {
+		return nil
+	}
+	body, err := json.Marshal(cachedAnswer{Route: *st.ServedRoute, Response: st.Result})
+	if err != nil {
+		return err
+	}
+	return a.c.Store(ctx, cacheKey(&rec.Job), rec.Job.Embedding, body)
+}
+
+// coalescer claims in-flight identical requests in Redis, so identical
+// requests on any API process attach to the first.
+type coalescer struct {
+	rdb    *redis.Client
+	prefix string
+}
+
+func (c coalescer) key(k string) string { return c.prefix + "inflight:" + k }
+
+// Claim implements intake.Coalescer.
+func (c coalescer) Claim(ctx context.Context, key, id string, ttl time.Duration) (string, error) {
+	leader, err := c.rdb.SetArgs(ctx, c.key(key), id, redis.SetArgs{Mode: "NX", Get: true, TTL: ttl}).Result()
+	if err == redis.Nil {
+		return id, nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("coalesce: claim: %w", err)
+	}
+	return leader, nil
+}
+
+// releaseScript deletes KEYS[1] only if it still names ARGV[1].
+var releaseScript = redis.NewScript(`
+if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("DEL", KEYS[1]) end
+return 0`)
+
+func (c coalescer) release(ctx context.Context, key, id string) error {
+	return releaseScript.Run(ctx, c.rdb, []string{c.key(key)}, id).Err()
+}
+
+// finisher runs after a request ends: history, cache write, coalescing
+// release (after the cache write, so the next identical request hits).
+type finisher struct {
+	b     *Base
+	cache *cacheAdapter
+	co    coalescer
+}
+
+func (f finisher) Finished(ctx context.Context, rec *job.Record) {
+	cost := 0.0
+	if rec.State.Result != nil && rec.State.ServedRoute != nil {
+		cost = metrics.Cost(f.b.price(*rec.State.ServedRoute), rec.State.Result.Usage)
+	}
+	f.b.History.Finished(ctx, rec, cost)
+	if f.cache != nil && rec.Status == job.StatusCompleted && rec.Job.CacheWrite && rec.Job.CacheKey != "" {
+		if err := f.cache.store(ctx, rec); err != nil {
+			f.b.Logger.Warn("cache: store", "request_id", rec.Job.ID, "err", err)
+		}
+	}
+	if rec.Job.CacheKey != "" {
+		if err := f.co.release(ctx, rec.Job.CacheKey, rec.Job.ID); err != nil {
+			f.b.Logger.Warn("coalesce: release", "request_id", rec.Job.ID, "err", err)
+		}
+	}
+}
+
+func (b *Base) price(r llm.Route) metrics.Price {
+	p := b.Cfg.Prices[r.String()]
+	return metrics.Price{InputPerMTok: p.Input, OutputPerMTok: p.Output}
+}
+
+// tenantLimiter bounds a tenant's submissions with GCRA (go-redis/redis_rate).
+type tenantLimiter struct {
+	l      *redis_rate.Limiter
+	prefix string
+}
+
+func (t tenantLimiter) Allow(ctx context.Context, tenant string, perMinute int) (bool, time.Duration, error) {
+	res, err := t.l.Allow(ctx, t.prefix+"tenant:"+tenant, redis_rate.PerMinute(perMinute))
+	if err != nil {
+		return false, 0, fmt.Errorf("tenant limit: %w", err)
+	}
+	return res.Allowed > 0, res.RetryAfter, nil
+}
+
+// historyReader adapts history for the API.
+type historyReader struct{ h *history.Store }
+
+func (r historyReader) Get(ctx context.Context, id string) (*history.Row, error) {
+	return r.h.Get(ctx, id)
+}
+
+// readState gathers the shared state gauges for a scrape.
+func (b *Base) readState(ctx context.Context) (metrics.State, error) {
+	var s metrics.State
+	depth, err := b.Queue.Depth(ctx)
+	if err != nil {
+		return s, err
+	}
+	used, err := b.Slots.InUse(ctx)
+	if err != nil {
+		return s, err
+	}
+	avail, err := b.Pool.Available(ctx)
+	if err != nil {
+		return s, err
+	}
+	brs, err := b.Breakers.List(ctx)
+	if err != nil {
+		return s, err
+	}
+	oldest, err := b.Queue.OldestPending(ctx)
+	if err != nil {
+		return s, err
+	}
+	s.QueueDepth, s.SlotsInUse, s.OldestWaitSeconds = map[string]int{}, map[string]int{}, map[string]float64{}
+	for _, p := range priority.All {
+		s.QueueDepth[p.String()] = depth[p]
+		s.SlotsInUse[p.String()] = used[p]
+		s.OldestWaitSeconds[p.String()] = 0
+		if id, ok := oldest[p]; ok {
+			if rec, err := b.Jobs.Get(ctx, id); err == nil {
+				s.OldestWaitSeconds[p.String()] = time.Since(rec.Job.CreatedAt).Seconds()
+			}
+		}
+	}
+	s.KeysAvailable, s.KeysTotal = map[string]int{}, map[string]int{}
+	for r, n := range b.Pool.Routes() {
+		s.KeysTotal[r.String()] = n
+		s.KeysAvailable[r.String()] = avail[r]
+	}
+	s.BreakerState = map[string]int{}
+	for _, st := range brs {
+		v, _ := metrics.BreakerStateValue(string(st.State))
+		s.BreakerState[st.Name] = v
+	}
+	return s, nil
+}

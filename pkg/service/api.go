@@ -1,0 +1,105 @@
+package service
+
+import (
+	"context"
+	"net/http"
+	"strings"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/hibiken/asynq"
+	"github.com/hibiken/asynqmon"
+
+	"bulwark/pkg/config"
+	"bulwark/pkg/httpapi"
+	"bulwark/pkg/intake"
+	"bulwark/pkg/llm"
+	"bulwark/pkg/metrics"
+	"bulwark/pkg/progress"
+)
+
+// API builds the API's handler and its event hub; run the hub with
+// hub.Run(ctx) for as long as the handler serves.
+func (b *Base) API() (http.Handler, *progress.Hub) {
+	cfg := b.Cfg
+	b.Registry.MustRegister(metrics.NewStateCollector(b.readState, 0))
+	var ca *cacheAdapter
+	var cacheDep intake.Cache
+	var cacheAdmin httpapi.CacheAdmin
+	if b.Cache != nil {
+		ca = &cacheAdapter{c: b.Cache, m: b.Metrics}
+		cacheDep, cacheAdmin = ca, b.Cache
+	}
+	routes := map[llm.Route]bool{}
+	for _, r := range cfg.Routes() {
+		routes[r] = true
+	}
+	in := intake.New(intake.Config{
+		Routes: routes, Fallback: cfg.FallbackOf, MaxWait: cfg.Queue.MaxWait,
+		MaxPromptChars: cfg.Server.MaxPromptChars, MaxTokensLimit: cfg.Server.MaxTokensLimit,
+		DefaultMaxTokens: cfg.Server.DefaultMaxTokens, Layers: layers(cfg), DefaultLayer: cfg.Cache.DefaultLayer,
+		CacheEnabled: b.Cache != nil,
+	}, intake.Deps{
+		Jobs: b.Jobs, Queue: b.Queue, Breakers: b.Breakers, History: b.History, Cache: cacheDep,
+		Coalescer: coalescer{rdb: b.Redis, prefix: cfg.Redis.Prefix}, Metrics: b.Metrics, Logger: b.Logger,
+		RateLimiter: tenantLimiter{l: redis_rate.NewLimiter(b.Redis), prefix: cfg.Redis.Prefix},
+	})
+	hub := progress.New(b.Redis, b.Queue, progress.Config{Channel: b.Jobs.Channel()}, b.Logger)
+	mon := asynqmon.New(asynqmon.Options{RootPath: "/admin/queues",
+		RedisConnOpt: asynq.RedisClientOpt{Addr: cfg.Redis.Addr, DB: cfg.Redis.DB, Password: cfg.Redis.Password.Reveal()}})
+	h := httpapi.New(httpapi.Config{
+		Tenants: tenants(cfg), AdminToken: cfg.Server.AdminToken, MaxBodyBytes: cfg.Server.MaxBodyBytes,
+		SyncTimeout: cfg.Server.SyncTimeout,
+	}, httpapi.Deps{
+		Intake: in, Jobs: b.Jobs, Queue: b.Queue, Hub: hub, History: historyReader{b.History},
+		Keys: b.Pool, Breakers: b.Breakers, Cache: cacheAdmin, Reporter: reporter{b},
+		Models: NewModels(cfg), Metrics: b.MetricsHandler(), Queues: mon,
+		Ready: map[string]httpapi.Pinger{
+			"redis":    func(ctx context.Context) error { return b.Redis.Ping(ctx).Err() },
+			"postgres": func(ctx context.Context) error { return b.PG.Ping(ctx) },
+		},
+		Logger: b.Logger,
+	})
+	return h, hub
+}
+
+func layers(cfg *config.Config) map[string]bool {
+	out := map[string]bool{}
+	for l := range cfg.Cache.TTL {
+		out[l] = true
+	}
+	return out
+}
+
+func tenants(cfg *config.Config) map[string]intake.Tenant {
+	out := map[string]intake.Tenant{}
+	for _, t := range cfg.Tenants {
+		out[strings.ToLower(t.TokenSHA256)] = intake.Tenant{Name: t.Name, DefaultPriority: t.DefaultPriority,
+			MaxPriority: t.MaxPriority, RateLimitRPM: t.RateLimitRPM, DefaultLayer: t.DefaultLayer}
+	}
+	return out
+}
+
+// Models resolves model names of the compat endpoints to routes: the
+// configured aliases, every tier's concrete model name, and "provider/tier".
+type Models struct{ m map[string]llm.Route }
+
+// NewModels builds the resolver.
+func NewModels(cfg *config.Config) Models {
+	m := map[string]llm.Route{}
+	for _, r := range cfg.Routes() {
+		m[r.String()] = r
+		m[cfg.ModelName(r)] = r
+	}
+	for name, to := range cfg.Models {
+		if r, err := config.ParseRoute(to); err == nil {
+			m[name] = r
+		}
+	}
+	return Models{m: m}
+}
+
+// Resolve implements httpapi.Models.
+func (m Models) Resolve(model string) (llm.Route, bool) {
+	r, ok := m.m[model]
+	return r, ok
+}

@@ -1,0 +1,112 @@
+package service_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"bulwark/pkg/mockprovider"
+	"bulwark/pkg/testenv"
+)
+
+// 50 identical requests arrive at once on two API processes: one provider
+// call, and every caller gets that answer.
+func TestCoalescingAcrossAPIProcesses(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{mock: mockprovider.Config{Latency: 500 * time.Millisecond}})
+	apis := []*apiProc{s.startAPI(), s.startAPI()}
+	s.startWorker()
+	const prompt = "Fleet alert: 40 cars report U0100 after OTA 3.2.1. Root cause?"
+	ids := make([]string, 50)
+	var wg sync.WaitGroup
+	for i := range ids {
+		wg.Go(func() {
+			ids[i] = apis[i%2].submit(t, ask(prompt))
+		})
+	}
+	wg.Wait()
+	for i, id := range ids {
+		out := apis[i%2].waitStatus(t, id, 20*time.Second, "completed", "failed")
+		res, _ := out["result"].(map[string]any)
+		if out["status"] != "completed" || res["content"] != mockprovider.Reply(prompt) {
+			t.Fatalf("caller %d: %v", i, out)
+		}
+	}
+	if st := s.mock.Stats().Total(); st.OK != 1 {
+		t.Fatalf("the provider was called %d times for 50 identical requests", st.OK)
+	}
+	// A coalesced caller's stream ends with the shared answer too.
+	ch, _ := stream(t, apis[1].ts.URL+"/v1/requests/"+ids[1]+"/events", devToken, "")
+	ev := next(t, ch, 5*time.Second, "completed")
+	if ev.Data["request_id"] != ids[1] {
+		t.Fatalf("follower's stream speaks for %v", ev.Data["request_id"])
+	}
+}
+
+// With PostgreSQL unreachable, requests are still served (cache bypassed,
+// counted, logged); when it returns, caching resumes.
+func TestCacheFailsOpenWhenPostgresIsDown(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{})
+	api := s.startAPI()
+	s.startWorker()
+	db := dbName(t, s.pgDSN)
+	admin, err := pgx.Connect(context.Background(), testenv.PGAdminDSN())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(context.Background())
+	setDown := func(down bool) {
+		if _, err := admin.Exec(context.Background(), fmt.Sprintf("ALTER DATABASE %s ALLOW_CONNECTIONS %v", db, !down)); err != nil {
+			t.Fatal(err)
+		}
+		if down {
+			if _, err := admin.Exec(context.Background(), "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1", db); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	setDown(true)
+	defer setDown(false)
+
+	for i := range 3 {
+		prompt := fmt.Sprintf("served while PostgreSQL is down %d", i)
+		id := api.submit(t, ask(prompt))
+		out := api.waitStatus(t, id, 20*time.Second, "completed", "failed")
+		if res, _ := out["result"].(map[string]any); out["status"] != "completed" || res["content"] != mockprovider.Reply(prompt) {
+			t.Fatalf("request during the outage: %v", out)
+		}
+	}
+	_, metricsText, _ := call(t, "GET", api.ts.URL+"/metrics", "", nil)
+	if m := metricsText["_raw"].(string); !strings.Contains(m, "bulwark_cache_unavailable_total") || strings.Contains(m, "bulwark_cache_unavailable_total 0\n") {
+		t.Fatal("the outage was not counted in bulwark_cache_unavailable_total")
+	}
+	if !strings.Contains(s.logs.String(), "unavailable") {
+		t.Fatal("the outage was not logged")
+	}
+
+	setDown(false)
+	const prompt = "cached again after the outage"
+	waitFor(t, 30*time.Second, "caching to resume", func() bool {
+		id := api.submit(t, ask(prompt))
+		out := api.waitStatus(t, id, 20*time.Second, "completed", "failed")
+		res, _ := out["result"].(map[string]any)
+		return res["cached"] == "exact"
+	})
+}
+
+func dbName(t *testing.T, dsn string) string {
+	t.Helper()
+	i := strings.LastIndex(dsn, "/")
+	name := dsn[i+1:]
+	if j := strings.Index(name, "?"); j >= 0 {
+		name = name[:j]
+	}
+	return name
+}
+

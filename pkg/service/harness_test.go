@@ -1,0 +1,326 @@
+package service_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"bulwark/pkg/config"
+	"bulwark/pkg/mockprovider"
+	"bulwark/pkg/service"
+	"bulwark/pkg/testenv"
+)
+
+const (
+	devToken   = "test-dev-token"
+	adminToken = "test-admin-token"
+)
+
+// system is a whole Bulwark: the mock provider, API processes and worker
+// processes, each with its own Redis and PostgreSQL clients, on one test
+// Redis database and one test PostgreSQL database.
+type system struct {
+	t      testing.TB
+	mock   *mockprovider.Server
+	mockTS *httptest.Server
+	cfg    *config.Config
+	redis  *redis.Options
+	pgDSN  string
+	logs   *syncBuffer
+	apis   []*apiProc
+}
+
+type apiProc struct {
+	base *service.Base
+	ts   *httptest.Server
+	stop func()
+}
+
+// opts tune a system.
+type opts struct {
+	mock     mockprovider.Config
+	extraYML string // appended to the generated config
+	keysYML  string // replaces the default keys section
+}
+
+const defaultKeys = `
+keys:
+  - {id: claude-sonnet-1, provider: claude, model_tier: sonnet, api_key: "mock-claude-key-1", rpm_limit: 600, tpm_limit: 400000}
+  - {id: claude-sonnet-2, provider: claude, model_tier: sonnet, api_key: "mock-claude-key-2", rpm_limit: 600, tpm_limit: 400000}
+  - {id: claude-haiku-1, provider: claude, model_tier: haiku, api_key: "mock-claude-key-3", rpm_limit: 600, tpm_limit: 400000}
+  - {id: openai-gpt4o-1, provider: openai, model_tier: gpt4o, api_key: "mock-openai-key-a", rpm_limit: 600, tpm_limit: 400000}
+  - {id: openai-gpt4o-mini-1, provider: openai, model_tier: gpt4o-mini, api_key: "mock-openai-key-b", rpm_limit: 600, tpm_limit: 400000}
+`
+
+func newSystem(t testing.TB, o opts) *system {
+	t.Helper()
+	s := &system{t: t, redis: testenv.RedisOptions(t), pgDSN: testenv.Postgres(t), logs: &syncBuffer{}}
+	var err error
+	s.mock, err = mockprovider.New(o.mock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.mockTS = httptest.NewServer(s.mock)
+	t.Cleanup(func() { s.mock.Close(); s.mockTS.Close() })
+
+	keys := defaultKeys
+	if o.keysYML != "" {
+		keys = o.keysYML
+	}
+	doc := fmt.Sprintf(`
+server: {admin_token: %q, sync_timeout: 20s}
+redis: {addr: %q, db: %d}
+postgres: {dsn: %q, max_conns: 8}
+worker: {concurrency: 16, metrics_listen: "off"}
+log: {format: json, level: debug}
+providers:
+  claude: {base_url: %q, timeout: 10s, tiers: {haiku: claude-haiku-4-5, sonnet: claude-sonnet-4-5}}
+  openai: {base_url: %q, timeout: 10s, tiers: {gpt4o-mini: gpt-4o-mini, gpt4o: gpt-4o}}
+fallback:
+  claude/haiku: openai/gpt4o-mini
+  claude/sonnet: openai/gpt4o
+  openai/gpt4o-mini: claude/haiku
+  openai/gpt4o: claude/sonnet
+models: {gpt-4o: openai/gpt4o, claude-sonnet: claude/sonnet}
+tenants:
+  - {name: demo, token: %q, max_priority: critical}
+  - {name: other, token: "other-token", max_priority: critical}
+%s
+%s`, adminToken, s.redis.Addr, s.redis.DB, s.pgDSN, s.mockTS.URL, s.mockTS.URL, devToken, keys, o.extraYML)
+	s.cfg, err = config.Parse([]byte(doc), func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatalf("config: %v", err)
+	}
+	return s
+}
+
+func (s *system) logger() *slog.Logger {
+	return slog.New(slog.NewJSONHandler(s.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+func (s *system) open() *service.Base {
+	s.t.Helper()
+	b, err := service.Open(context.Background(), s.cfg, s.logger())
+	if err != nil {
+		s.t.Fatalf("open: %v", err)
+	}
+	return b
+}
+
+// startAPI starts one API process and returns its base URL.
+func (s *system) startAPI() *apiProc {
+	s.t.Helper()
+	b := s.open()
+	h, hub := b.API()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = hub.Run(ctx) })
+	ts := httptest.NewServer(h)
+	var once sync.Once
+	p := &apiProc{base: b, ts: ts, stop: func() {
+		once.Do(func() {
+			cancel()
+			ts.CloseClientConnections()
+			ts.Close()
+			wg.Wait()
+			b.Close()
+		})
+	}}
+	s.t.Cleanup(p.stop)
+	s.apis = append(s.apis, p)
+	return p
+}
+
+// startWorker starts one worker process; the returned func stops it.
+func (s *system) startWorker() func() {
+	s.t.Helper()
+	b := s.open()
+	srv, mux := b.Worker(b.Clients())
+	if err := srv.Start(mux); err != nil {
+		s.t.Fatalf("worker: %v", err)
+	}
+	var once sync.Once
+	stop := func() { once.Do(func() { srv.Shutdown(); b.Close() }) }
+	s.t.Cleanup(stop)
+	return stop
+}
+
+func (s *system) inspector() *asynq.Inspector {
+	c := redis.NewClient(s.redis)
+	i := asynq.NewInspectorFromRedisClient(c)
+	s.t.Cleanup(func() { i.Close(); c.Close() })
+	return i
+}
+
+// call sends a JSON request with the dev token and decodes the answer.
+func call(t testing.TB, method, url, token string, body any, hdr ...string) (int, map[string]any, http.Header) {
+	t.Helper()
+	var rd io.Reader
+	switch b := body.(type) {
+	case nil:
+	case string:
+		rd = strings.NewReader(b)
+	case []byte:
+		rd = bytes.NewReader(b)
+	default:
+		js, _ := json.Marshal(b)
+		rd = bytes.NewReader(js)
+	}
+	req, _ := http.NewRequest(method, url, rd)
+	req.Header.Set("Content-Type", "application/json")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, url, err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var out map[string]any
+	_ = json.Unmarshal(raw, &out)
+	if out == nil {
+		out = map[string]any{"_raw": string(raw)}
+	}
+	return resp.StatusCode, out, resp.Header
+}
+
+func ask(prompt string) map[string]any {
+	return map[string]any{"provider": "claude", "model_tier": "sonnet",
+		"messages": []map[string]any{{"role": "user", "content": prompt}}}
+}
+
+func (p *apiProc) submit(t testing.TB, body map[string]any, hdr ...string) string {
+	t.Helper()
+	code, out, _ := call(t, "POST", p.ts.URL+"/v1/requests", devToken, body, hdr...)
+	if code != http.StatusAccepted && code != http.StatusOK {
+		t.Fatalf("submit: %d %v", code, out)
+	}
+	return out["id"].(string)
+}
+
+// sseEvent is one parsed Server-Sent Event.
+type sseEvent struct {
+	ID, Type string
+	Data     map[string]any
+}
+
+// stream opens an SSE stream and delivers its events on a channel that is
+// closed when the stream ends.
+func stream(t testing.TB, url, token, lastID string) (<-chan sseEvent, func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, "GET", url, nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	if lastID != "" {
+		req.Header.Set("Last-Event-ID", lastID)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		cancel()
+		t.Fatalf("stream: %v", err)
+	}
+	if resp.StatusCode != 200 {
+		cancel()
+		t.Fatalf("stream: status %d", resp.StatusCode)
+	}
+	ch := make(chan sseEvent, 256)
+	go func() {
+		defer close(ch)
+		defer resp.Body.Close()
+		sc := bufio.NewScanner(resp.Body)
+		var ev sseEvent
+		for sc.Scan() {
+			line := sc.Text()
+			switch {
+			case line == "":
+				if ev.Type != "" {
+					ch <- ev
+				}
+				ev = sseEvent{}
+			case strings.HasPrefix(line, "id: "):
+				ev.ID = line[4:]
+			case strings.HasPrefix(line, "event: "):
+				ev.Type = line[7:]
+			case strings.HasPrefix(line, "data: "):
+				_ = json.Unmarshal([]byte(line[6:]), &ev.Data)
+			}
+		}
+	}()
+	t.Cleanup(cancel)
+	return ch, cancel
+}
+
+// next waits for the next event of one of the given types.
+func next(t testing.TB, ch <-chan sseEvent, timeout time.Duration, types ...string) sseEvent {
+	t.Helper()
+	deadline := time.After(timeout)
+	for {
+		select {
+		case ev, ok := <-ch:
+			if !ok {
+				t.Fatalf("stream ended while waiting for %v", types)
+			}
+			for _, ty := range types {
+				if ev.Type == ty {
+					return ev
+				}
+			}
+		case <-deadline:
+			t.Fatalf("no %v event within %s", types, timeout)
+		}
+	}
+}
+
+// waitStatus polls GET until the request reaches status (bounded).
+func (p *apiProc) waitStatus(t testing.TB, id string, timeout time.Duration, want ...string) map[string]any {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		_, out, _ := call(t, "GET", p.ts.URL+"/v1/requests/"+id, devToken, nil)
+		for _, w := range want {
+			if out["status"] == w {
+				return out
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("request %s: status %v, want %v", id, out["status"], want)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func stringsContains(s, sub string) bool { return strings.Contains(s, sub) }

@@ -1,0 +1,237 @@
+// Package service builds Bulwark's components from the configuration. The
+// api, worker and scheduler mains call Open, take what they need, and
+// Close in the reverse order of opening: whoever opens a pool closes it.
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
+
+	"bulwark/pkg/alert"
+	"bulwark/pkg/breaker"
+	"bulwark/pkg/cache"
+	"bulwark/pkg/config"
+	"bulwark/pkg/embed"
+	"bulwark/pkg/history"
+	"bulwark/pkg/job"
+	"bulwark/pkg/keypool"
+	"bulwark/pkg/llm"
+	"bulwark/pkg/metrics"
+	"bulwark/pkg/pgdb"
+	"bulwark/pkg/queue"
+	"bulwark/pkg/slots"
+)
+
+// Base holds the components every process shares.
+type Base struct {
+	Cfg      *config.Config
+	Logger   *slog.Logger
+	Redis    *redis.Client
+	PG       *pgxpool.Pool
+	Jobs     *job.Store
+	Queue    *queue.Queue
+	Slots    *slots.Limiter
+	Pool     *keypool.Pool
+	Breakers *breaker.Set
+	Registry *prometheus.Registry
+	Metrics  *metrics.Metrics
+	History  *history.Store
+	Notifier *alert.Notifier
+	// Cache is nil when the cache is disabled.
+	Cache *cache.Cache
+}
+
+// NewLogger builds the process logger from the configuration.
+func NewLogger(cfg config.Log) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(strings.ToUpper(cfg.Level)))
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.Format == "text" {
+		return slog.New(slog.NewTextHandler(os.Stderr, opts))
+	}
+	return slog.New(slog.NewJSONHandler(os.Stderr, opts))
+}
+
+// Open connects to Redis and PostgreSQL (applying migrations) and builds
+// the shared components. On error everything opened so far is closed.
+func Open(ctx context.Context, cfg *config.Config, logger *slog.Logger) (b *Base, err error) {
+	b = &Base{Cfg: cfg, Logger: logger}
+	defer func() {
+		if err != nil {
+			b.Close()
+		}
+	}()
+	b.Redis = redis.NewClient(&redis.Options{Addr: cfg.Redis.Addr, DB: cfg.Redis.DB, Password: cfg.Redis.Password.Reveal(),
+		PoolSize: 64})
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := b.Redis.Ping(pctx).Err(); err != nil {
+		return nil, fmt.Errorf("service: redis at %s: %w", cfg.Redis.Addr, err)
+	}
+
+	cacheCfg := cacheConfig(cfg)
+	b.PG, err = pgdb.Open(ctx, pgdb.Config{DSN: cfg.Postgres.DSN.Reveal(), MaxConns: cfg.Postgres.MaxConns,
+		AfterConnect: cache.AfterConnectWith(cacheCfg)})
+	if err != nil {
+		return nil, fmt.Errorf("service: postgres: %w", err)
+	}
+
+	p := cfg.Redis.Prefix
+	b.Registry = prometheus.NewRegistry()
+	b.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	b.Metrics = metrics.New(b.Registry)
+	var ids []string
+	for _, k := range cfg.Keys {
+		ids = append(ids, k.ID)
+	}
+	b.Metrics.InitKeys(ids...)
+
+	b.Jobs = job.NewStore(b.Redis, p, cfg.Server.ResultTTL)
+	b.Queue = queue.New(b.Redis, queue.Config{MaxDepth: cfg.Queue.MaxDepth, MaxRetry: cfg.Worker.MaxAttempts, Prefix: p})
+	b.Slots, err = slots.New(b.Redis, slots.Config{Total: cfg.Queue.MaxConcurrentLLMCalls, Reserved: cfg.Queue.Reserved,
+		LeaseTTL: cfg.Queue.SlotLease, Prefix: p + "slots:"})
+	if err != nil {
+		return nil, err
+	}
+	b.Pool, err = keypool.New(ctx, b.Redis, keypool.Config{Keys: poolKeys(cfg), Prefix: p + "keypool:"}, logger)
+	if err != nil {
+		return nil, fmt.Errorf("service: key pool: %w", err)
+	}
+	b.Notifier, err = alert.New(b.Redis, alertConfig(cfg), nil, logger)
+	if err != nil {
+		return nil, fmt.Errorf("service: alerts: %w", err)
+	}
+	b.Breakers, err = breaker.New(b.Redis, breaker.Config{
+		FailureThreshold: cfg.Breaker.FailureThreshold, OpenTimeout: cfg.Breaker.OpenDuration,
+		HalfOpenProbes: cfg.Breaker.HalfOpenMaxCalls, SuccessThreshold: cfg.Breaker.SuccessThreshold,
+		ProbeTimeout: maxProviderTimeout(cfg) + 30*time.Second, Prefix: p + "breaker:",
+		OnTransition: b.breakerAlert,
+	}, logger)
+	if err != nil {
+		return nil, fmt.Errorf("service: breakers: %w", err)
+	}
+	b.History = history.New(b.PG, logger, time.Minute)
+	b.History.OnError = func() { b.Metrics.CacheUnavailable.Inc() }
+
+	if *cfg.Cache.Enabled {
+		emb, err := embed.New(embedConfig(cfg))
+		if err != nil {
+			return nil, fmt.Errorf("service: embedder: %w", err)
+		}
+		b.Cache, err = cache.New(ctx, b.PG, emb, cacheCfg, logger)
+		if err != nil {
+			return nil, fmt.Errorf("service: cache: %w", err)
+		}
+	}
+	return b, nil
+}
+
+// Close closes what Open opened, in reverse order.
+func (b *Base) Close() {
+	if b.Cache != nil {
+		b.Cache.Stop()
+	}
+	if b.Queue != nil {
+		_ = b.Queue.Close()
+	}
+	if b.PG != nil {
+		b.PG.Close()
+	}
+	if b.Redis != nil {
+		_ = b.Redis.Close()
+	}
+}
+
+// MetricsHandler serves the registry.
+func (b *Base) MetricsHandler() http.Handler {
+	return promHandler(b.Registry)
+}
+
+// breakerAlert turns breaker transitions into instant alerts.
+func (b *Base) breakerAlert(name string, from, to breaker.State, reason string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	go func() { // OnTransition must not block the caller
+		defer cancel()
+		ev := alert.Event{Kind: alert.KindBreakerOpen, Subject: name,
+			Summary: fmt.Sprintf("circuit breaker %s opened: %s", name, reason), Details: map[string]string{"from": string(from)}}
+		switch {
+		case to == breaker.StateOpen && from == breaker.StateClosed:
+		case to == breaker.StateClosed:
+			ev.Kind, ev.Summary = alert.KindBreakerClosed, fmt.Sprintf("circuit breaker %s closed again", name)
+		default:
+			return
+		}
+		if err := b.Notifier.Notify(ctx, ev); err != nil {
+			b.Logger.Warn("alert: breaker", "breaker", name, "err", err)
+		}
+	}()
+}
+
+// KeyDisabled alerts that a key was disabled (quota, credentials).
+func (b *Base) KeyDisabled(ctx context.Context, keyID string, route llm.Route, reason string) {
+	ev := alert.Event{Kind: alert.KindKeyQuotaExhausted, Subject: keyID,
+		Summary: fmt.Sprintf("key %s (%s) disabled: %s; re-enable it at POST /admin/keys/%s/enable once fixed", keyID, route, reason, keyID),
+		Details: map[string]string{"route": route.String(), "reason": reason}}
+	if err := b.Notifier.Notify(context.WithoutCancel(ctx), ev); err != nil && !errors.Is(err, context.Canceled) {
+		b.Logger.Warn("alert: key disabled", "key_id", keyID, "err", err)
+	}
+}
+
+func maxProviderTimeout(cfg *config.Config) time.Duration {
+	var m time.Duration
+	for _, p := range cfg.Providers {
+		m = max(m, p.Timeout)
+	}
+	return m
+}
+
+func poolKeys(cfg *config.Config) []keypool.Key {
+	out := make([]keypool.Key, 0, len(cfg.Keys))
+	for _, k := range cfg.Keys {
+		out = append(out, keypool.Key{ID: k.ID, Provider: k.Provider, Tier: k.ModelTier, APIKey: k.APIKey,
+			RPM: k.RPMLimit, TPM: k.TPMLimit, MaxInFlight: k.MaxInFlight})
+	}
+	return out
+}
+
+func cacheConfig(cfg *config.Config) cache.Config {
+	c := cache.Config{Threshold: cfg.Cache.Threshold, TTL: cfg.Cache.TTL, DefaultLayer: cfg.Cache.DefaultLayer,
+		TenantIsolation: cfg.Cache.TenantIsolation}
+	if cfg.Cache.ProtectedPatterns != nil {
+		c.ProtectedPatterns = cfg.Cache.ProtectedPatterns
+	}
+	return c
+}
+
+func embedConfig(cfg *config.Config) embed.Config {
+	e := cfg.Cache.Embedder
+	c := embed.Config{Kind: e.Kind, Dims: e.Dims}
+	if e.Kind == "openai" {
+		c.Dims = 0
+		c.OpenAI = embed.OpenAIConfig{BaseURL: e.BaseURL, Model: e.Model, Dims: e.Dims, APIKey: e.APIKey}
+	}
+	return c
+}
+
+func alertConfig(cfg *config.Config) alert.Config {
+	conv := func(ws []config.Webhook) []alert.Webhook {
+		var out []alert.Webhook
+		for _, w := range ws {
+			out = append(out, alert.Webhook{URL: w.URL, Secret: w.Secret})
+		}
+		return out
+	}
+	return alert.Config{WeCom: conv(cfg.Alerts.WeCom), DingTalk: conv(cfg.Alerts.DingTalk), Generic: conv(cfg.Alerts.Generic),
+		Throttle: cfg.Alerts.Throttle, Prefix: cfg.Redis.Prefix, Language: cfg.Alerts.Language}
+}

@@ -1,0 +1,128 @@
+package service
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/hibiken/asynq"
+
+	"bulwark/pkg/config"
+	"bulwark/pkg/dispatch"
+	"bulwark/pkg/llm"
+	"bulwark/pkg/maintenance"
+	"bulwark/pkg/priority"
+	"bulwark/pkg/provider/anthropic"
+	"bulwark/pkg/provider/openai"
+	"bulwark/pkg/queue"
+	"bulwark/pkg/report"
+)
+
+// Clients builds the provider adapters.
+func (b *Base) Clients() map[llm.Provider]llm.Client {
+	out := map[llm.Provider]llm.Client{}
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}}
+	if p, ok := b.Cfg.Providers[llm.ProviderClaude]; ok {
+		out[llm.ProviderClaude] = anthropic.New(anthropic.Config{BaseURL: p.BaseURL, Timeout: p.Timeout}, hc)
+	}
+	if p, ok := b.Cfg.Providers[llm.ProviderOpenAI]; ok {
+		out[llm.ProviderOpenAI] = openai.New(openai.Config{BaseURL: p.BaseURL, Timeout: p.Timeout}, hc)
+	}
+	return out
+}
+
+// Worker builds the asynq server and its handlers (provider calls and the
+// periodic jobs the scheduler enqueues). Run it with srv.Run(mux) or
+// Start/Shutdown.
+func (b *Base) Worker(clients map[llm.Provider]llm.Client) (*asynq.Server, *asynq.ServeMux) {
+	cfg := b.Cfg
+	var ca *cacheAdapter
+	if b.Cache != nil {
+		ca = &cacheAdapter{c: b.Cache, m: b.Metrics}
+	}
+	d := dispatch.New(dispatch.Config{
+		Clients: clients, Fallback: cfg.FallbackOf, ModelName: cfg.ModelName, Price: b.price,
+		MaxSlotWaiters: maxSlotWaiters(cfg),
+	}, dispatch.Deps{
+		Jobs: b.Jobs, Starts: b.Queue, Slots: b.Slots, Pool: b.Pool, Breakers: b.Breakers,
+		Finisher: finisher{b: b, cache: ca, co: coalescer{rdb: b.Redis, prefix: cfg.Redis.Prefix}},
+		Alerter:  b, Metrics: b.Metrics, Logger: b.Logger,
+	})
+	queues := map[string]int{}
+	for _, p := range priority.All {
+		queues[queue.Name(p)] = cfg.Queue.Weights[p]
+	}
+	queues[maintenance.Queue] = 1
+	srv := asynq.NewServerFromRedisClient(b.Redis, asynq.Config{
+		Concurrency:              cfg.Worker.Concurrency,
+		Queues:                   queues,
+		StrictPriority:           cfg.Queue.StrictPriority,
+		TaskCheckInterval:        cfg.Worker.TaskCheckInterval,
+		DelayedTaskCheckInterval: cfg.Worker.DelayedTaskCheckInterval,
+		ShutdownTimeout:          cfg.Worker.ShutdownTimeout,
+		IsFailure:                dispatch.IsFailure,
+		RetryDelayFunc:           dispatch.RetryDelay,
+		Logger:                   asynqLogger{b.Logger},
+		LogLevel:                 asynq.WarnLevel,
+	})
+	mux := asynq.NewServeMux()
+	mux.Handle(queue.TaskType, d)
+	var purger maintenance.CachePurger
+	if b.Cache != nil {
+		purger = b.Cache
+	}
+	maint := maintenance.New(maintenance.Deps{Cache: purger, Pool: b.Pool, Breakers: b.Breakers, Notifier: b.Notifier,
+		PG: b.PG, Redis: b.Redis, Prefix: cfg.Redis.Prefix, Report: cfg.Report, Language: cfg.Alerts.Language, Logger: b.Logger})
+	maint.Register(mux)
+	return srv, mux
+}
+
+// Scheduler registers the periodic jobs; the workers run them.
+func (b *Base) Scheduler() (*asynq.Scheduler, error) {
+	loc, err := time.LoadLocation(b.Cfg.Report.Timezone)
+	if err != nil {
+		return nil, err
+	}
+	// The scheduler gets a connection of its own: asynq closes it on
+	// Shutdown, which it refuses to do for a shared client.
+	s := asynq.NewScheduler(asynq.RedisClientOpt{Addr: b.Cfg.Redis.Addr, DB: b.Cfg.Redis.DB, Password: b.Cfg.Redis.Password.Reveal()}, &asynq.SchedulerOpts{Location: loc, Logger: asynqLogger{b.Logger},
+		LogLevel: asynq.WarnLevel})
+	if err := maintenance.Schedule(s, b.Cfg.Alerts.Interval, b.Cfg.Report.At); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// asynqLogger routes asynq's logs to slog.
+type asynqLogger struct{ l *slog.Logger }
+
+func (a asynqLogger) Debug(args ...any) { a.l.Debug(fmt.Sprint(args...), "component", "asynq") }
+func (a asynqLogger) Info(args ...any)  { a.l.Info(fmt.Sprint(args...), "component", "asynq") }
+func (a asynqLogger) Warn(args ...any)  { a.l.Warn(fmt.Sprint(args...), "component", "asynq") }
+func (a asynqLogger) Error(args ...any) { a.l.Error(fmt.Sprint(args...), "component", "asynq") }
+func (a asynqLogger) Fatal(args ...any) {
+	a.l.Error(fmt.Sprint(args...), "component", "asynq")
+	os.Exit(1)
+}
+
+// reporter builds reports for the admin endpoint.
+type reporter struct{ b *Base }
+
+func (r reporter) ReportJSON(ctx context.Context, from, to time.Time) (any, error) {
+	return report.Build(ctx, r.b.PG, from, to)
+}
+
+// maxSlotWaiters caps each priority's slot waiters at the slots it could
+// ever hold: the total less the reserves of every more urgent priority.
+func maxSlotWaiters(cfg *config.Config) map[priority.Priority]int {
+	out := map[priority.Priority]int{}
+	owed := 0
+	for _, p := range priority.All {
+		out[p] = max(1, cfg.Queue.MaxConcurrentLLMCalls-owed)
+		owed += cfg.Queue.Reserved[p]
+	}
+	return out
+}

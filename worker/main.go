@@ -1,0 +1,45 @@
+// Command worker runs provider calls from the priority queues (layers 2 to
+// 5) and the periodic jobs. Run as many as you like, on any machines.
+package main
+
+import (
+	"context"
+	"errors"
+	"net/http"
+
+	"bulwark/pkg/service"
+)
+
+func main() {
+	ctx, stop, b, err := service.Setup("worker")
+	if err != nil {
+		service.Fatal("worker", err)
+	}
+	defer stop()
+	defer b.Close()
+
+	srv, mux := b.Worker(b.Clients())
+	var metricsSrv *http.Server
+	if addr := b.Cfg.Worker.MetricsListen; addr != "off" {
+		metricsSrv = &http.Server{Addr: addr, Handler: b.MetricsHandler()}
+		go func() {
+			if err := metricsSrv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				b.Logger.Error("metrics server", "err", err)
+			}
+		}()
+	}
+	if b.Cache != nil {
+		_ = b.Cache.Start(ctx)
+	}
+	if err := srv.Start(mux); err != nil {
+		service.Fatal("worker", err)
+	}
+	<-ctx.Done()
+	// Shutdown order: stop taking tasks and wait for running ones
+	// (ShutdownTimeout, unfinished ones go back to the queue), then stop
+	// the metrics server, then close the clients (deferred Close).
+	srv.Shutdown()
+	if metricsSrv != nil {
+		_ = metricsSrv.Shutdown(context.Background())
+	}
+}
