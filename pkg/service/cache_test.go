@@ -109,4 +109,3 @@ func dbName(t *testing.T, dsn string) string {
 	}
 	return name
 }
-
