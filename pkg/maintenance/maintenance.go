@@ -5,6 +5,7 @@
 //	bulwark:cache:purge      delete expired semantic-cache rows     every 10 minutes
 //	bulwark:alerts:evaluate  breaker and key-pool state → alerts   every alerts.interval
 //	bulwark:report:daily     the daily report → webhooks, e-mail    daily at report.at
+//	bulwark:queue:expire     fail queued requests past deadline     every 15 seconds
 package maintenance
 
 import (
@@ -69,6 +70,9 @@ type Deps struct {
 	Report   config.Report
 	Language string
 	Logger   *slog.Logger
+	// Jobs and Queues let the expiry job fail overdue queued requests.
+	Jobs   JobStore
+	Queues Queues
 }
 
 // Jobs runs the periodic jobs.
@@ -84,6 +88,7 @@ func (j *Jobs) Register(mux *asynq.ServeMux) {
 	mux.HandleFunc(TaskPurgeCache, j.purge)
 	mux.HandleFunc(TaskAlerts, j.evaluate)
 	mux.HandleFunc(TaskReport, j.report)
+	mux.HandleFunc(TaskExpire, j.expire)
 }
 
 // Schedule registers the periodic jobs on s. at is "HH:MM" in the
@@ -100,6 +105,7 @@ func Schedule(s *asynq.Scheduler, alertsEvery time.Duration, at string) error {
 		unique    time.Duration
 	}{
 		{"@every 10m", TaskPurgeCache, 5 * time.Minute},
+		{"@every 15s", TaskExpire, 10 * time.Second},
 		{"@every " + alertsEvery.String(), TaskAlerts, alertsEvery / 2},
 		{fmt.Sprintf("%d %d * * *", m, h), TaskReport, 12 * time.Hour},
 	}

@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -281,6 +282,16 @@ func (q *Queue) Positions(ctx context.Context) (map[string]int, error) {
 		ahead += n
 	}
 	return out, nil
+}
+
+// Pending returns the ids of p's pending requests, oldest first.
+func (q *Queue) Pending(ctx context.Context, p priority.Priority) ([]string, error) {
+	ids, err := q.rdb.LRange(ctx, "asynq:{"+Name(p)+"}:pending", 0, -1).Result()
+	if err != nil {
+		return nil, fmt.Errorf("queue: pending %s: %w", Name(p), err)
+	}
+	slices.Reverse(ids)
+	return ids, nil
 }
 
 // Position returns one request's position, or 0 when it is not pending.

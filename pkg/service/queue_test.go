@@ -11,6 +11,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"bulwark/pkg/maintenance"
 	"bulwark/pkg/mockprovider"
 	"bulwark/pkg/priority"
 	"bulwark/pkg/queue"
@@ -241,4 +242,31 @@ func TestCancel(t *testing.T) {
 func containsStr(v any, sub string) bool {
 	s, _ := v.(string)
 	return len(sub) == 0 || (len(s) >= len(sub) && stringsContains(s, sub))
+}
+
+// With every worker stopped, the periodic expiry job still ends overdue
+// queued requests with a reason and removes their tasks.
+func TestExpiryJobFailsOverdueQueuedRequests(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{extraYML: "cache: {enabled: false}"})
+	s.cfg.Queue.MaxWait = 300 * time.Millisecond
+	api := s.startAPI()
+	insp := s.inspector()
+	_ = insp.PauseQueue(queue.Name(priority.Normal))
+	id := api.submit(t, ask("nobody will take me"))
+	time.Sleep(400 * time.Millisecond) // let the deadline pass: the condition under test
+
+	b := s.open()
+	defer b.Close()
+	_, mux := b.Worker(b.Clients()) // the handlers only; no server runs
+	if err := mux.ProcessTask(context.Background(), asynq.NewTask(maintenance.TaskExpire, nil)); err != nil {
+		t.Fatal(err)
+	}
+	out := api.waitStatus(t, id, time.Second, "failed")
+	if !containsStr(out["error"], "deadline_exceeded") {
+		t.Fatalf("reason: %v", out["error"])
+	}
+	if info, _ := insp.GetQueueInfo(queue.Name(priority.Normal)); info.Size != 0 {
+		t.Fatalf("expired task still queued (%d)", info.Size)
+	}
 }

@@ -75,7 +75,8 @@ func (b *Base) Worker(clients map[llm.Provider]llm.Client) (*asynq.Server, *asyn
 		purger = b.Cache
 	}
 	maint := maintenance.New(maintenance.Deps{Cache: purger, Pool: b.Pool, Breakers: b.Breakers, Notifier: b.Notifier,
-		PG: b.PG, Redis: b.Redis, Prefix: cfg.Redis.Prefix, Report: cfg.Report, Language: cfg.Alerts.Language, Logger: b.Logger})
+		PG: b.PG, Redis: b.Redis, Prefix: cfg.Redis.Prefix, Report: cfg.Report, Language: cfg.Alerts.Language, Logger: b.Logger,
+		Jobs: b.Jobs, Queues: b.Queue})
 	maint.Register(mux)
 	return srv, mux
 }
