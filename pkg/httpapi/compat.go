@@ -43,15 +43,19 @@ import (
 
 // dialect is one compat API's wire format.
 type dialect struct {
-	name   string
-	decode func(body []byte) (model string, stream bool, req *llm.Request, opts []openai.StreamOption, err error)
-	encode func(resp *llm.Response, model string) ([]byte, error)
-	stream func(w io.Writer, resp *llm.Response, model string, opts []openai.StreamOption) error
-	error  func(status int, code, msg string) []byte
+	name string
+	// idPrefix of answer ids: the provider's own id would tell which
+	// provider answered.
+	idPrefix string
+	decode   func(body []byte) (model string, stream bool, req *llm.Request, opts []openai.StreamOption, err error)
+	encode   func(resp *llm.Response, model string) ([]byte, error)
+	stream   func(w io.Writer, resp *llm.Response, model string, opts []openai.StreamOption) error
+	error    func(status int, code, msg string) []byte
 }
 
 var openAIDialect = dialect{
-	name: "openai",
+	name:     "openai",
+	idPrefix: "chatcmpl-",
 	decode: func(body []byte) (string, bool, *llm.Request, []openai.StreamOption, error) {
 		info, req, err := openai.DecodeRequest(body)
 		if err != nil {
@@ -67,7 +71,8 @@ var openAIDialect = dialect{
 }
 
 var anthropicDialect = dialect{
-	name: "anthropic",
+	name:     "anthropic",
+	idPrefix: "msg_",
 	decode: func(body []byte) (string, bool, *llm.Request, []openai.StreamOption, error) {
 		info, req, err := anthropic.DecodeRequest(body)
 		if err != nil {
@@ -273,17 +278,19 @@ func (s *Server) compatAnswer(c *gin.Context, d dialect, rec *job.Record, model 
 		cached = "none"
 	}
 	c.Header("X-Bulwark-Cache", cached)
+	resp := *st.Result
+	resp.ID = d.idPrefix + rec.Job.ID
 	if streaming {
 		c.Header("Content-Type", "text/event-stream")
 		c.Header("Cache-Control", "no-cache")
 		c.Status(http.StatusOK)
-		if err := d.stream(c.Writer, st.Result, model, opts); err != nil {
+		if err := d.stream(c.Writer, &resp, model, opts); err != nil {
 			s.d.Logger.Warn("compat: stream", "err", err)
 		}
 		c.Writer.Flush()
 		return
 	}
-	body, err := d.encode(st.Result, model)
+	body, err := d.encode(&resp, model)
 	if err != nil {
 		d.fail(c, http.StatusInternalServerError, "encode_failed", "could not encode the answer")
 		return

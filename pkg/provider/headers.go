@@ -124,11 +124,11 @@ func HeaderResetIn(h http.Header, name string, now time.Time) (time.Time, bool) 
 	if err != nil || d < 0 {
 		return time.Time{}, false
 	}
-	return now.Add(d), true
+	return now.Add(min(d, maxReset)), true
 }
 
 // maxReset bounds a parsed reset so that now.Add cannot overflow; a day is
-// far beyond any per-minute window.
+// far beyond any per-minute window, and a longer one is a host's odd value.
 const maxReset = 24 * time.Hour
 
 func clampReset(ns float64) time.Duration {

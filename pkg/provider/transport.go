@@ -191,6 +191,20 @@ func ClassifyStatus(status int) llm.Class {
 	}
 }
 
+// NoRedirects returns a copy of hc (http.DefaultClient when nil) that does
+// not follow redirects: a redirect answer is returned as it is. net/http
+// would otherwise re-send the request, custom key headers such as x-api-key
+// included, to whatever host the redirect names, and a re-send is a retry
+// Bulwark did not decide. The copy shares hc's Transport.
+func NoRedirects(hc *http.Client) *http.Client {
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	c := *hc
+	c.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	return &c
+}
+
 // UserAgent is the User-Agent adapters send.
 const UserAgent = "bulwark"
 

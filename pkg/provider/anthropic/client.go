@@ -99,15 +99,13 @@ type Client struct {
 var _ llm.Client = (*Client)(nil)
 
 // New returns a Client for cfg (zero fields mean defaults) that sends with
-// hc, or http.DefaultClient when hc is nil. hc's own Timeout, if any, also
+// hc's Transport, or http.DefaultClient's when hc is nil. Redirects are not
+// followed (see provider.NoRedirects). hc's own Timeout, if any, also
 // applies; the per-call deadline is cfg.Timeout. An invalid cfg is reported
 // by every Complete call (use Config.Validate to catch it earlier).
 func New(cfg Config, hc *http.Client) *Client {
 	cfg = cfg.WithDefaults()
-	if hc == nil {
-		hc = http.DefaultClient
-	}
-	c := &Client{cfg: cfg, hc: hc, url: provider.Endpoint(cfg.BaseURL, messagesPath)}
+	c := &Client{cfg: cfg, hc: provider.NoRedirects(hc), url: provider.Endpoint(cfg.BaseURL, messagesPath)}
 	if err := cfg.Validate(); err != nil {
 		c.err = fmt.Errorf("anthropic: invalid config: %w", err)
 	}

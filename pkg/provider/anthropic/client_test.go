@@ -298,6 +298,23 @@ func TestCompleteTransport(t *testing.T) {
 		}
 	})
 
+	t.Run("redirects are not followed, so the key stays home", func(t *testing.T) {
+		t.Parallel()
+		elsewhere := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			t.Errorf("redirect followed; the other host got x-api-key %q", r.Header.Get("x-api-key"))
+		}))
+		t.Cleanup(elsewhere.Close)
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Redirect(w, r, elsewhere.URL+"/v1/messages", http.StatusTemporaryRedirect)
+		}))
+		t.Cleanup(srv.Close)
+		_, err := New(Config{BaseURL: srv.URL}, srv.Client()).Complete(t.Context(), secret.New("k"), request())
+		var pe *llm.Error
+		if !errors.As(err, &pe) || pe.Status != http.StatusTemporaryRedirect || pe.Class != llm.ClassTransient {
+			t.Fatalf("error %v, want a transient *llm.Error with status 307", err)
+		}
+	})
+
 	t.Run("unreadable 200 is transient", func(t *testing.T) {
 		t.Parallel()
 		c := setup(t, "k", answer{status: 200, body: []byte("<html>maintenance</html>")})

@@ -9,17 +9,16 @@ import "encoding/json"
 
 // wireRequest is a Messages API request as received (DecodeRequest).
 type wireRequest struct {
-	Model         string           `json:"model"`
-	MaxTokens     *int             `json:"max_tokens"`
-	System        json.RawMessage  `json:"system"`
-	Messages      []wireMessageIn  `json:"messages"`
-	Temperature   *float64         `json:"temperature"`
-	StopSequences []string         `json:"stop_sequences"`
-	Tools         []wireTool       `json:"tools"`
-	ToolChoice    *wireToolChoice  `json:"tool_choice"`
-	Stream        bool             `json:"stream"`
-	Metadata      json.RawMessage  `json:"metadata"`
-	Thinking      *json.RawMessage `json:"thinking"`
+	Model         string          `json:"model"`
+	MaxTokens     *int            `json:"max_tokens"`
+	System        json.RawMessage `json:"system"`
+	Messages      []wireMessageIn `json:"messages"`
+	Temperature   *float64        `json:"temperature"`
+	StopSequences []string        `json:"stop_sequences"`
+	Tools         []wireTool      `json:"tools"`
+	ToolChoice    *wireToolChoice `json:"tool_choice"`
+	Stream        bool            `json:"stream"`
+	Metadata      json.RawMessage `json:"metadata"`
 }
 
 type wireMessageIn struct {
