@@ -45,7 +45,7 @@ type benchData struct {
 	pool   *pgxpool.Pool
 	emb    embed.Embedder
 	rows   []benchRow
-	byScop [][]int      // scope -> indexes into rows of live rows
+	byScop [][]int     // scope -> indexes into rows of live rows
 	topics [][]float32 // scope*benchTopics+topic -> centre
 }
 

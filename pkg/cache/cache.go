@@ -266,11 +266,12 @@ func (c *Cache) checkConn(ctx context.Context) error {
 	return nil
 }
 
-// Embed returns the embedding of a prompt (normalised first), for a caller
+// Embed returns the embedding of a prompt (normalised, and with what the
+// ignored patterns match masked out), for a caller
 // that computes it once per request and passes it to both Lookup and Store.
 // Errors wrap ErrUnavailable.
 func (c *Cache) Embed(ctx context.Context, prompt string) ([]float32, error) {
-	v, err := c.emb.Embed(ctx, []string{Normalise(prompt)})
+	v, err := c.emb.Embed(ctx, []string{c.guard.mask(Normalise(prompt))})
 	if err == nil && len(v) != 1 {
 		err = fmt.Errorf("%d vectors for 1 text", len(v))
 	}

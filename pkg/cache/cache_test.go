@@ -654,11 +654,13 @@ func TestFailOpen(t *testing.T) {
 
 func TestFailLogLimiter(t *testing.T) {
 	t.Parallel()
-	b := setup(t, Config{FailLogInterval: time.Nanosecond})
+	logs := &logBuffer{}
+	c := &Cache{cfg: Config{FailLogInterval: time.Nanosecond}.withDefaults(), logger: slog.New(slog.NewTextHandler(logs, nil))}
 	for range 3 {
-		b.cache.fail(context.Background(), errors.New("boom"))
+		c.fail(context.Background(), errors.New("boom"))
 	}
-	require.Equal(t, 3, strings.Count(b.logs.String(), "level=WARN"))
+	require.Equal(t, 3, strings.Count(logs.String(), "level=WARN"))
+	require.Equal(t, int64(3), c.Stats().Errors)
 }
 
 func TestNewRefusesPoolWithoutAfterConnect(t *testing.T) {

@@ -25,7 +25,7 @@ const (
 	DefaultLayerDefault    = LayerAgent
 	EfSearchDefault        = 40
 	MaxScanTuplesDefault   = 5000
-	SmallScopeRowsDefault  = 2000
+	SmallScopeRowsDefault  = 500
 	CandidatesDefault      = 5
 	FailLogIntervalDefault = time.Minute
 	QueryTimeoutDefault    = 500 * time.Millisecond
@@ -68,12 +68,15 @@ func ProtectedPatternsDefault() []string {
 // the protected patterns are applied (see Config.IgnoredPatterns): ISO 8601
 // dates and timestamps (2024-11-03, 2024-11-03T08:15:22.123Z) and clock
 // times (08:15, 08:15:22.5), so that fractional seconds do not read as
-// version numbers nor dates as part numbers. It returns a new slice on each
-// call.
+// version numbers nor dates as part numbers, and VINs. The same matches are
+// masked out of the text that is embedded: a question about one car at one
+// time is the same question about another car at another time. It returns
+// a new slice on each call.
 func IgnoredPatternsDefault() []string {
 	return []string{
 		`\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?`,
 		`\b\d{1,2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?\b`,
+		`\b[A-HJ-NPR-Z0-9]{17}\b`, // VIN (ISO 3779: no I, O, Q)
 	}
 }
 
@@ -99,7 +102,8 @@ type Config struct {
 	// an empty non-nil slice disables the guard.
 	ProtectedPatterns []string `yaml:"protected_patterns"`
 	// IgnoredPatterns are regular expressions whose matches are blanked
-	// before ProtectedPatterns are applied. nil means
+	// before ProtectedPatterns are applied, and masked out of the text
+	// that is embedded. nil means
 	// IgnoredPatternsDefault (dates, timestamps, clock times); an empty
 	// non-nil slice ignores nothing.
 	IgnoredPatterns []string `yaml:"ignored_patterns"`
@@ -114,8 +118,10 @@ type Config struct {
 	MaxScanTuples int `yaml:"max_scan_tuples"`
 	// SmallScopeRows is the number of live rows of a scope below which a
 	// semantic lookup scans the scope exactly instead of walking the HNSW
-	// index. Default SmallScopeRowsDefault (2000); negative means always
-	// use the index.
+	// index. Default SmallScopeRowsDefault (500): an exact scan costs about
+	// 1.2-2.3 µs per row and an HNSW lookup about 0.5 ms, while an HNSW walk
+	// in a scope with few live rows may run to MaxScanTuples (26 ms). See
+	// the package documentation. Negative means always use the index.
 	SmallScopeRows int `yaml:"small_scope_rows"`
 	// Candidates is how many nearest rows a semantic lookup fetches, so
 	// that one rejected by the protected-entity guard can give way to the

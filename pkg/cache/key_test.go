@@ -81,7 +81,7 @@ func TestConfigDefaultsAndValidate(t *testing.T) {
 	require.True(t, *c.TenantIsolation)
 	require.Equal(t, 40, c.EfSearch)
 	require.Equal(t, 5000, c.MaxScanTuples)
-	require.Equal(t, 2000, c.SmallScopeRows)
+	require.Equal(t, 500, c.SmallScopeRows)
 
 	userTTL := map[string]time.Duration{"router": time.Hour}
 	c = Config{TTL: userTTL}.withDefaults()

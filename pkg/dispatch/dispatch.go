@@ -73,6 +73,13 @@ type Finisher interface {
 	Finished(ctx context.Context, rec *job.Record)
 }
 
+// Cache stores a final answer. The dispatcher stores before it marks the
+// request completed, so whoever sees the completion also finds the answer
+// cached.
+type Cache interface {
+	Store(ctx context.Context, rec *job.Record) error
+}
+
 // Alerter receives alert-worthy conditions (a key disabled for quota).
 type Alerter interface {
 	KeyDisabled(ctx context.Context, keyID string, route llm.Route, reason string)
@@ -115,6 +122,7 @@ type Dispatcher struct {
 	pool     KeyPool
 	breakers Breakers
 	finisher Finisher
+	cache    Cache
 	alerter  Alerter
 	metrics  *metrics.Metrics
 	logger   *slog.Logger
@@ -123,7 +131,7 @@ type Dispatcher struct {
 	waiters map[priority.Priority]int // tasks waiting for a slot, guarded by mu
 }
 
-// Deps are the dispatcher's collaborators. Finisher and Alerter may be nil.
+// Deps are the dispatcher's collaborators. Finisher, Cache and Alerter may be nil.
 type Deps struct {
 	Jobs     Jobs
 	Starts   Starts
@@ -131,6 +139,7 @@ type Deps struct {
 	Pool     KeyPool
 	Breakers Breakers
 	Finisher Finisher
+	Cache    Cache
 	Alerter  Alerter
 	Metrics  *metrics.Metrics
 	Logger   *slog.Logger
@@ -157,7 +166,7 @@ func New(cfg Config, d Deps) *Dispatcher {
 		d.Metrics = metrics.New(nil)
 	}
 	return &Dispatcher{cfg: cfg, jobs: d.Jobs, starts: d.Starts, slots: d.Slots, pool: d.Pool,
-		breakers: d.Breakers, finisher: d.Finisher, alerter: d.Alerter, metrics: d.Metrics, logger: d.Logger,
+		breakers: d.Breakers, finisher: d.Finisher, cache: d.Cache, alerter: d.Alerter, metrics: d.Metrics, logger: d.Logger,
 		waiters: map[priority.Priority]int{}}
 }
 
@@ -311,7 +320,13 @@ func (d *Dispatcher) run(ctx context.Context, rec *job.Record, t *asynq.Task, lo
 // is past its deadline.
 func (d *Dispatcher) wait(ctx context.Context, rec *job.Record, after time.Duration, log *slog.Logger) error {
 	after = max(after, d.cfg.MinWait)
-	retryAt := time.Now().Add(after)
+	// asynq stores a retry time in whole Unix seconds and runs the task once
+	// that second begins: up to 1 s before capacity returns. Woken early, the
+	// request would find every route still shut, count another failure on
+	// the "all" breaker (three such wake-ups within one cooldown open it) and
+	// wait again. So wake at the first whole second after capacity returns.
+	retryAt := time.Now().Add(after).Truncate(time.Second).Add(time.Second)
+	after = time.Until(retryAt)
 	if retryAt.After(rec.Job.Deadline) {
 		d.fail(ctx, rec, deadlineReason(rec, fmt.Sprintf("and every provider route stays exhausted for another %s", after.Round(time.Second))), log)
 		return nil
@@ -372,6 +387,11 @@ func (d *Dispatcher) complete(ctx context.Context, rec *job.Record, out outcome,
 	st.Result = out.resp
 	st.Cached = "none"
 	rec.State, rec.Status = st, job.StatusCompleted
+	if d.cache != nil {
+		if err := d.cache.Store(context.WithoutCancel(ctx), rec); err != nil {
+			log.Warn("dispatch: cache store", "err", err)
+		}
+	}
 	res := job.ResultOf(st)
 	_, err := d.jobs.Apply(context.WithoutCancel(ctx), rec.Job.ID, job.Change{Status: job.StatusCompleted, State: &st,
 		Event: &job.Event{Type: job.EventCompleted, Provider: out.route.Provider, Tier: out.route.Tier, Result: res}})

@@ -32,31 +32,48 @@ type cacheAdapter struct {
 }
 
 func cacheKey(j *job.Job) cache.Key {
+	ctx, prompt := splitPrompt(&j.Request)
 	return cache.Key{Tenant: j.Tenant, Tier: j.Route.String(), Layer: j.Layer, ToolResultsHash: j.ToolResultsHash,
-		CaseID: j.CaseID, Prompt: PromptText(&j.Request)}
+		CaseID: j.CaseID, Context: ctx, Prompt: prompt}
 }
 
-// PromptText is the text a request is cached by: system prompt, tool
-// definitions and every message with its role.
-func PromptText(r *llm.Request) string {
+// splitPrompt separates what is embedded (the last user turn: the
+// question) from its context (system prompt, tool definitions, earlier
+// turns), which only scopes the entry. Embedding the context too would
+// let a long shared system prompt make unrelated questions look alike
+// (two different questions under a 1,500-character system prompt score
+// 0.997): the context must match exactly, the question closely.
+func splitPrompt(r *llm.Request) (context, question string) {
 	var b strings.Builder
 	b.WriteString("system: " + r.System + "\n")
 	for _, t := range r.Tools {
 		fmt.Fprintf(&b, "tool %s: %s %s\n", t.Name, t.Description, t.InputSchema)
 	}
-	for _, m := range r.Messages {
-		for _, bl := range m.Content {
-			switch bl.Type {
-			case llm.BlockText:
-				fmt.Fprintf(&b, "%s: %s\n", m.Role, bl.Text)
-			case llm.BlockToolUse:
-				fmt.Fprintf(&b, "%s calls %s %s\n", m.Role, bl.ToolName, bl.Input)
-			case llm.BlockToolResult:
-				fmt.Fprintf(&b, "%s result %s (error=%v): %s\n", m.Role, bl.ToolUseID, bl.IsError, bl.Text)
-			}
+	last := len(r.Messages) - 1
+	for i, m := range r.Messages {
+		if i == last {
+			break
+		}
+		writeTurn(&b, m)
+	}
+	var q strings.Builder
+	if last >= 0 {
+		writeTurn(&q, r.Messages[last])
+	}
+	return b.String(), q.String()
+}
+
+func writeTurn(b *strings.Builder, m llm.Message) {
+	for _, bl := range m.Content {
+		switch bl.Type {
+		case llm.BlockText:
+			fmt.Fprintf(b, "%s: %s\n", m.Role, bl.Text)
+		case llm.BlockToolUse:
+			fmt.Fprintf(b, "%s calls %s %s\n", m.Role, bl.ToolName, bl.Input)
+		case llm.BlockToolResult:
+			fmt.Fprintf(b, "%s result %s (error=%v): %s\n", m.Role, bl.ToolUseID, bl.IsError, bl.Text)
 		}
 	}
-	return b.String()
 }
 
 // Key implements intake.Cache.
@@ -92,9 +109,13 @@ func (a cacheAdapter) Lookup(ctx context.Context, j *job.Job) (intake.Hit, error
 	return intake.Hit{Kind: string(h.Kind), Similarity: h.Similarity, Age: h.Age, Response: ans.Response, Route: ans.Route}, nil
 }
 
-// store writes a final answer. Only complete answers are cached: a
-// truncated one (max_tokens) is a partial answer.
-func (a cacheAdapter) store(ctx context.Context, rec *job.Record) error {
+// Store writes a final answer (dispatch.Cache). Only complete answers of
+// requests that allow it are cached: never errors, and not a truncated
+// (max_tokens) answer, which is partial.
+func (a cacheAdapter) Store(ctx context.Context, rec *job.Record) error {
+	if !rec.Job.CacheWrite || rec.Job.CacheKey == "" {
+		return nil
+	}
 	st := rec.State
 	if st.Result == nil || st.ServedRoute == nil || st.Result.StopReason == llm.StopMaxTokens {
 		return nil
@@ -136,12 +157,12 @@ func (c coalescer) release(ctx context.Context, key, id string) error {
 	return releaseScript.Run(ctx, c.rdb, []string{c.key(key)}, id).Err()
 }
 
-// finisher runs after a request ends: history, cache write, coalescing
-// release (after the cache write, so the next identical request hits).
+// finisher runs after a request ends: history, then the coalescing
+// release (the answer is already cached, so the next identical request
+// hits).
 type finisher struct {
-	b     *Base
-	cache *cacheAdapter
-	co    coalescer
+	b  *Base
+	co coalescer
 }
 
 func (f finisher) Finished(ctx context.Context, rec *job.Record) {
@@ -150,11 +171,6 @@ func (f finisher) Finished(ctx context.Context, rec *job.Record) {
 		cost = metrics.Cost(f.b.price(*rec.State.ServedRoute), rec.State.Result.Usage)
 	}
 	f.b.History.Finished(ctx, rec, cost)
-	if f.cache != nil && rec.Status == job.StatusCompleted && rec.Job.CacheWrite && rec.Job.CacheKey != "" {
-		if err := f.cache.store(ctx, rec); err != nil {
-			f.b.Logger.Warn("cache: store", "request_id", rec.Job.ID, "err", err)
-		}
-	}
 	if rec.Job.CacheKey != "" {
 		if err := f.co.release(ctx, rec.Job.CacheKey, rec.Job.ID); err != nil {
 			f.b.Logger.Warn("coalesce: release", "request_id", rec.Job.ID, "err", err)

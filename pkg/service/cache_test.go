@@ -109,3 +109,50 @@ func dbName(t *testing.T, dsn string) string {
 	}
 	return name
 }
+
+// Through the API: a near-duplicate (another VIN and timestamp) is a
+// semantic hit; a different DTC is not; unrelated questions under one
+// long shared system prompt are not; the bypass flags skip the cache.
+func TestSemanticCacheThroughAPI(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{})
+	api := s.startAPI()
+	s.startWorker()
+	system := strings.Repeat("You are the diagnosis assistant of a vehicle platform; answer with root cause and fix. ", 18)
+	askSys := func(q string) map[string]any {
+		b := ask(q)
+		b["system"] = system
+		return b
+	}
+	result := func(body map[string]any) map[string]any {
+		id := api.submit(t, body)
+		out := api.waitStatus(t, id, 20*time.Second, "completed")
+		return out["result"].(map[string]any)
+	}
+	base := "Car VIN LSVAU2180N2183456 reported DTC P0A80 at 2026-11-30 08:15:22 after OTA 3.2.1; battery pack fault?"
+	if r := result(askSys(base)); r["cached"] != "none" {
+		t.Fatalf("first ask: %v", r)
+	}
+	near := "Car VIN LSVAU2180N2199999 reported DTC P0A80 at 2026-11-30 09:41:07 after OTA 3.2.1; battery pack fault?"
+	r := result(askSys(near))
+	if r["cached"] != "semantic" || r["content"] != mockprovider.Reply(base) || r["similarity"].(float64) < 0.95 {
+		t.Fatalf("near-duplicate: %v", r)
+	}
+	otherDTC := strings.Replace(near, "P0A80", "P0A7F", 1)
+	if r := result(askSys(otherDTC)); r["cached"] != "none" || r["content"] != mockprovider.Reply(otherDTC) {
+		t.Fatalf("another DTC got a cached answer: %v", r)
+	}
+	unrelated := "How do I reset the infotainment head unit language to English?"
+	if r := result(askSys(unrelated)); r["cached"] != "none" || r["content"] != mockprovider.Reply(unrelated) {
+		t.Fatalf("an unrelated question under the same system prompt hit: %v", r)
+	}
+	calls := s.mock.Stats().Total().OK
+	bypass := askSys(base)
+	bypass["cache_read"] = false
+	if r := result(bypass); r["cached"] != "none" {
+		t.Fatalf("cache_read=false still read the cache: %v", r)
+	}
+	if got := s.mock.Stats().Total().OK; got != calls+1 {
+		t.Fatalf("bypass made %d provider calls", got-calls)
+	}
+}

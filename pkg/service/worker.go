@@ -39,17 +39,17 @@ func (b *Base) Clients() map[llm.Provider]llm.Client {
 // Start/Shutdown.
 func (b *Base) Worker(clients map[llm.Provider]llm.Client) (*asynq.Server, *asynq.ServeMux) {
 	cfg := b.Cfg
-	var ca *cacheAdapter
+	var ca dispatch.Cache
 	if b.Cache != nil {
-		ca = &cacheAdapter{c: b.Cache, m: b.Metrics}
+		ca = cacheAdapter{c: b.Cache, m: b.Metrics}
 	}
 	d := dispatch.New(dispatch.Config{
 		Clients: clients, Fallback: cfg.FallbackOf, ModelName: cfg.ModelName, Price: b.price,
 		MaxSlotWaiters: maxSlotWaiters(cfg),
 	}, dispatch.Deps{
 		Jobs: b.Jobs, Starts: b.Queue, Slots: b.Slots, Pool: b.Pool, Breakers: b.Breakers,
-		Finisher: finisher{b: b, cache: ca, co: coalescer{rdb: b.Redis, prefix: cfg.Redis.Prefix}},
-		Alerter:  b, Metrics: b.Metrics, Logger: b.Logger,
+		Finisher: finisher{b: b, co: coalescer{rdb: b.Redis, prefix: cfg.Redis.Prefix}}, Cache: ca,
+		Alerter: b, Metrics: b.Metrics, Logger: b.Logger,
 	})
 	queues := map[string]int{}
 	for _, p := range priority.All {
