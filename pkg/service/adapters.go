@@ -10,10 +10,12 @@ import (
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/redis/go-redis/v9"
 
+	"bulwark/pkg/alert"
 	"bulwark/pkg/cache"
 	"bulwark/pkg/history"
 	"bulwark/pkg/intake"
 	"bulwark/pkg/job"
+	"bulwark/pkg/keypool"
 	"bulwark/pkg/llm"
 	"bulwark/pkg/metrics"
 	"bulwark/pkg/priority"
@@ -249,4 +251,27 @@ func (b *Base) readState(ctx context.Context) (metrics.State, error) {
 		s.BreakerState[st.Name] = v
 	}
 	return s, nil
+}
+
+// keyAdmin is the key pool as the admin endpoints see it: re-enabling a
+// key is announced like its disabling was.
+type keyAdmin struct{ b *Base }
+
+func (k keyAdmin) Snapshot(ctx context.Context) ([]keypool.KeyState, error) {
+	return k.b.Pool.Snapshot(ctx)
+}
+
+func (k keyAdmin) Disable(ctx context.Context, keyID, reason string) error {
+	return k.b.Pool.Disable(ctx, keyID, reason)
+}
+
+func (k keyAdmin) Enable(ctx context.Context, keyID string) error {
+	if err := k.b.Pool.Enable(ctx, keyID); err != nil {
+		return err
+	}
+	ev := alert.Event{Kind: alert.KindKeyEnabled, Subject: keyID, Summary: fmt.Sprintf("key %s re-enabled by an operator", keyID)}
+	if err := k.b.Notifier.Notify(context.WithoutCancel(ctx), ev); err != nil {
+		k.b.Logger.Warn("alert: key enabled", "key_id", keyID, "err", err)
+	}
+	return nil
 }

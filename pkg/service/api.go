@@ -51,7 +51,7 @@ func (b *Base) API() (http.Handler, *progress.Hub) {
 		SyncTimeout: cfg.Server.SyncTimeout,
 	}, httpapi.Deps{
 		Intake: in, Jobs: b.Jobs, Queue: b.Queue, Hub: hub, History: historyReader{b.History},
-		Keys: b.Pool, Breakers: b.Breakers, Cache: cacheAdmin, Reporter: reporter{b},
+		Keys: keyAdmin{b}, Breakers: b.Breakers, Cache: cacheAdmin, Reporter: reporter{b},
 		Models: NewModels(cfg), Metrics: b.MetricsHandler(), Queues: mon,
 		Ready: map[string]httpapi.Pinger{
 			"redis":    func(ctx context.Context) error { return b.Redis.Ping(ctx).Err() },
