@@ -68,10 +68,10 @@ func (l *Local) Embed(ctx context.Context, texts []string) ([][]float32, error) 
 	return out, nil
 }
 
-// Normalise is the text normalisation the local embedder applies before
+// normalise is the text normalisation the local embedder applies before
 // extracting features: lower case, and every run of white space replaced by
 // one space, with none at either end.
-func Normalise(s string) string {
+func normalise(s string) string {
 	return strings.Join(strings.Fields(strings.ToLower(s)), " ")
 }
 
@@ -85,7 +85,7 @@ const (
 
 func (l *Local) embedOne(text string) []float32 {
 	v := make([]float64, l.dims)
-	norm := Normalise(text)
+	norm := normalise(text)
 	if norm == "" {
 		return make([]float32, l.dims)
 	}

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
+
+	"bulwark/pkg/report"
 )
 
 func (s *Server) adminKeys(c *gin.Context) {
@@ -140,8 +142,8 @@ func (s *Server) adminReport(c *gin.Context) {
 	}
 	r, err := s.d.Reporter.ReportJSON(c.Request.Context(), from, to)
 	if err != nil {
-		var ve interface{ InvalidRange() bool }
-		if errors.As(err, &ve) {
+		// A reversed, empty or too long period is the caller's mistake.
+		if errors.Is(err, report.ErrRange) {
 			apiError(c, http.StatusBadRequest, "invalid_request", "from", err.Error())
 			return
 		}

@@ -109,7 +109,8 @@ func (s *Server) compat(c *gin.Context, d dialect) {
 	body, err := io.ReadAll(c.Request.Body)
 	if err != nil {
 		if isBodyTooLarge(err) {
-			d.fail(c, http.StatusRequestEntityTooLarge, "body_too_large", "request body exceeds the limit")
+			d.fail(c, http.StatusRequestEntityTooLarge, "body_too_large",
+				fmt.Sprintf("request body exceeds the limit of %d bytes", s.cfg.MaxBodyBytes))
 			return
 		}
 		d.fail(c, http.StatusBadRequest, "invalid_body", "could not read the request body")

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -286,7 +287,8 @@ func (s *Server) cancel(c *gin.Context) {
 		return
 	}
 	ctx := c.Request.Context()
-	_, err := s.d.Jobs.Apply(ctx, own.Job.ID, job.Change{Status: job.StatusCancelled, Reason: "cancelled by the caller",
+	const reason = "cancelled by the caller"
+	_, err := s.d.Jobs.Apply(ctx, own.Job.ID, job.Change{Status: job.StatusCancelled, Reason: reason,
 		Event: &job.Event{Type: job.EventCancelled}})
 	if errors.Is(err, job.ErrTerminal) {
 		apiError(c, http.StatusConflict, "already_finished", "id", "the request has already ended")
@@ -296,6 +298,7 @@ func (s *Server) cancel(c *gin.Context) {
 		apiError(c, http.StatusServiceUnavailable, "unavailable", "", "request store unavailable")
 		return
 	}
+	s.d.Intake.Cancelled(context.WithoutCancel(ctx), own, reason)
 	// A coalesced follower only detaches; the request it joined goes on.
 	if own.State.CoalescedInto == "" {
 		if _, err := s.d.Queue.Cancel(ctx, own.Job.ID, own.Job.Priority); err != nil {

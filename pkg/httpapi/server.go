@@ -8,8 +8,11 @@ package httpapi
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
+	"runtime/debug"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -123,7 +126,7 @@ func New(cfg Config, d Deps) http.Handler {
 	s := &Server{cfg: cfg, d: d}
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()
-	r.Use(gin.Recovery(), s.logRequests)
+	r.Use(gin.CustomRecoveryWithWriter(io.Discard, s.recovered), s.logRequests)
 	r.HandleMethodNotAllowed = true
 	r.NoRoute(func(c *gin.Context) { apiError(c, http.StatusNotFound, "not_found", "", "no such endpoint") })
 	r.NoMethod(func(c *gin.Context) {
@@ -175,6 +178,16 @@ func (s *Server) logRequests(c *gin.Context) {
 	s.d.Logger.Info("http", attrs...)
 }
 
+// recovered answers a handler's panic with a 500 and logs it through the
+// JSON logger. gin's own recovery writes a dump of the request to stderr,
+// which masks Authorization but not the x-api-key header the Anthropic SDK
+// sends its token in, and is not a JSON line.
+func (s *Server) recovered(c *gin.Context, err any) {
+	s.d.Logger.Error("http: handler panicked", "method", c.Request.Method, "path", c.FullPath(),
+		"panic", fmt.Sprint(err), "stack", string(debug.Stack()))
+	routeError(c, http.StatusInternalServerError, "internal_error", "internal error")
+}
+
 const (
 	ctxTenant    = "bulwark.tenant"
 	ctxRequestID = "bulwark.request_id"
@@ -204,12 +217,26 @@ func (s *Server) ready(c *gin.Context) {
 // *http.MaxBytesError, answered 413.
 func (s *Server) limitBody(c *gin.Context) {
 	if c.Request.ContentLength > s.cfg.MaxBodyBytes {
-		apiError(c, http.StatusRequestEntityTooLarge, "body_too_large", "", "request body exceeds the limit")
-		c.Abort()
+		routeError(c, http.StatusRequestEntityTooLarge, "body_too_large",
+			fmt.Sprintf("request body exceeds the limit of %d bytes", s.cfg.MaxBodyBytes))
 		return
 	}
 	c.Request.Body = http.MaxBytesReader(c.Writer, c.Request.Body, s.cfg.MaxBodyBytes)
 	c.Next()
+}
+
+// routeError answers in the error format of the endpoint the request was
+// routed to: a compat endpoint's SDK only understands its own format, even
+// for errors found before the handler runs (body limit, auth).
+func routeError(c *gin.Context, status int, code, msg string) {
+	switch c.FullPath() {
+	case "/v1/chat/completions":
+		openAIError(c, status, code, msg)
+	case "/v1/messages":
+		anthropicError(c, status, code, msg)
+	default:
+		apiError(c, status, code, "", msg)
+	}
 }
 
 // errorBody is the JSON error of the async API.

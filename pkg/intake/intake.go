@@ -93,9 +93,11 @@ type BreakerStatus interface {
 	Status(ctx context.Context, name string) (breaker.Status, error)
 }
 
-// History records submissions.
+// History records submissions, and the end of requests the API ends
+// itself (cancellations).
 type History interface {
 	Submitted(ctx context.Context, j *job.Job, status job.Status, cached string)
+	Finished(ctx context.Context, rec *job.Record, costUSD float64)
 }
 
 // Cache is layer 1 as intake sees it.
@@ -316,4 +318,20 @@ func (in *Intake) existing(ctx context.Context, id, lang string) (*Accepted, err
 		in.position(ctx, a, lang)
 	}
 	return a, nil
+}
+
+// Cancelled records in the history that the caller cancelled rec, whose
+// live record the API has just moved to cancelled with reason. Nobody else
+// would: a queued request's task is deleted before a worker sees it, and a
+// worker abandons a running call without a word. Without this the history
+// row stays "queued" for good.
+func (in *Intake) Cancelled(ctx context.Context, rec *job.Record, reason string) {
+	if in.history == nil {
+		return
+	}
+	r := *rec
+	r.Status, r.Reason = job.StatusCancelled, reason
+	r.State.Result = nil
+	r.State.FinishedAt = time.Now()
+	in.history.Finished(ctx, &r, 0)
 }

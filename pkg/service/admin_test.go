@@ -1,0 +1,380 @@
+package service_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"bulwark/pkg/mockprovider"
+)
+
+// mockKeyValues are the api_key values of defaultKeys.
+var mockKeyValues = []string{"mock-claude-key-1", "mock-claude-key-2", "mock-claude-key-3", "mock-openai-key-a", "mock-openai-key-b"}
+
+// adminFetch fetches an admin URL with token and returns the status, the raw
+// body and its Content-Type.
+func adminFetch(t testing.TB, url, token string) (int, string, string) {
+	t.Helper()
+	req, _ := http.NewRequestWithContext(t.Context(), "GET", url, nil)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("GET %s: %v", url, err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(raw), resp.Header.Get("Content-Type")
+}
+
+// keyListing lists the key pool by id.
+func keyListing(t testing.TB, api *apiProc) (map[string]map[string]any, string) {
+	t.Helper()
+	code, raw, _ := adminFetch(t, api.ts.URL+"/admin/keys", adminToken)
+	if code != http.StatusOK {
+		t.Fatalf("/admin/keys: %d %s", code, raw)
+	}
+	var out struct {
+		Keys []map[string]any `json:"keys"`
+	}
+	if err := json.Unmarshal([]byte(raw), &out); err != nil {
+		t.Fatalf("/admin/keys: %v: %s", err, raw)
+	}
+	byID := map[string]map[string]any{}
+	for _, k := range out.Keys {
+		byID[k["id"].(string)] = k
+	}
+	return byID, raw
+}
+
+// Every admin endpoint refuses a request without the admin token, and a
+// tenant's token is not the admin token.
+func TestAdminAuth(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{})
+	api := s.startAPI()
+	endpoints := []struct{ method, path string }{
+		{"GET", "/admin/keys"},
+		{"POST", "/admin/keys/claude-sonnet-1/disable"},
+		{"POST", "/admin/keys/claude-sonnet-1/enable"},
+		{"GET", "/admin/breakers"},
+		{"POST", "/admin/breakers/all/reset"},
+		{"POST", "/admin/cache/invalidate"},
+		{"GET", "/admin/report"},
+		{"GET", "/admin/queues"},
+		{"GET", "/admin/queues/api/queues"},
+	}
+	for _, ep := range endpoints {
+		for _, tok := range []string{"", devToken, otherTenantToken, adminToken + "x", strings.ToUpper(adminToken)} {
+			code, out, _ := call(t, ep.method, api.ts.URL+ep.path, tok, `{"all": true}`)
+			if code != http.StatusUnauthorized {
+				t.Errorf("%s %s with token %q: %d, want 401 (%v)", ep.method, ep.path, tok, code, out)
+			}
+		}
+	}
+	// The refused disable changed nothing.
+	keys, _ := keyListing(t, api)
+	if keys["claude-sonnet-1"]["disabled"] != false {
+		t.Fatalf("an unauthorised disable took effect: %v", keys["claude-sonnet-1"])
+	}
+}
+
+// /admin/keys lists every key's state and never a key's value; disable
+// and enable round-trip and steer traffic.
+func TestAdminKeys(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{extraYML: "cache: {enabled: false}"})
+	api := s.startAPI()
+	s.startWorker()
+
+	// One 429 on a Claude key: it cools, and the request moves to the other key.
+	if err := s.mock.SetFault(mockprovider.Fault{Provider: "claude", Mode: mockprovider.FaultRateLimit, Count: 1, RetryAfter: 30 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	id := api.submit(t, ask("cool one key"))
+	if out := api.waitStatus(t, id, 15*time.Second, "completed", "failed"); out["status"] != "completed" {
+		t.Fatalf("request with one 429: %v", out)
+	}
+
+	keys, raw := keyListing(t, api)
+	for _, v := range mockKeyValues {
+		if strings.Contains(raw, v) {
+			t.Fatalf("/admin/keys shows the value of a key: %s", raw)
+		}
+	}
+	if strings.Contains(raw, "api_key") {
+		t.Fatalf("/admin/keys has an api_key field: %s", raw)
+	}
+	want := map[string][2]string{
+		"claude-sonnet-1": {"claude", "sonnet"}, "claude-sonnet-2": {"claude", "sonnet"}, "claude-haiku-1": {"claude", "haiku"},
+		"openai-gpt4o-1": {"openai", "gpt4o"}, "openai-gpt4o-mini-1": {"openai", "gpt4o-mini"},
+	}
+	if len(keys) != len(want) {
+		t.Fatalf("%d keys listed, want %d: %s", len(keys), len(want), raw)
+	}
+	cooling := 0
+	for id, pt := range want {
+		k, ok := keys[id]
+		if !ok {
+			t.Fatalf("key %s not listed: %s", id, raw)
+		}
+		if k["provider"] != pt[0] || k["model_tier"] != pt[1] {
+			t.Errorf("key %s: %v/%v, want %s/%s", id, k["provider"], k["model_tier"], pt[0], pt[1])
+		}
+		for _, f := range []string{"rpm_utilisation", "tpm_utilisation", "consecutive_429s", "disabled", "in_flight"} {
+			if _, ok := k[f]; !ok {
+				t.Errorf("key %s has no %s: %v", id, f, k)
+			}
+		}
+		if u, _ := k["rpm_utilisation"].(float64); u < 0 || u > 1 {
+			t.Errorf("key %s: rpm_utilisation %v outside [0,1]", id, k["rpm_utilisation"])
+		}
+		if cu, ok := k["cooling_until"].(string); ok {
+			until, err := time.Parse(time.RFC3339Nano, cu)
+			if err != nil || time.Until(until) < 20*time.Second {
+				t.Errorf("key %s: cooling_until %q, want about 30 s ahead (Retry-After)", id, cu)
+			}
+			if k["consecutive_429s"] != 1.0 || pt[0] != "claude" {
+				t.Errorf("cooling key %s: %v", id, k)
+			}
+			cooling++
+		}
+	}
+	if cooling != 1 {
+		t.Fatalf("%d keys cooling after one 429, want 1: %s", cooling, raw)
+	}
+
+	// Disable both Sonnet keys: Claude Sonnet requests are served by the
+	// fallback; enable them: Claude answers again.
+	for _, k := range []string{"claude-sonnet-1", "claude-sonnet-2"} {
+		code, out, _ := call(t, "POST", api.ts.URL+"/admin/keys/"+k+"/disable?reason=rotating", adminToken, nil)
+		if code != http.StatusOK || out["disabled"] != true {
+			t.Fatalf("disable %s: %d %v", k, code, out)
+		}
+	}
+	keys, _ = keyListing(t, api)
+	for _, k := range []string{"claude-sonnet-1", "claude-sonnet-2"} {
+		if keys[k]["disabled"] != true || keys[k]["disabled_reason"] != "rotating" {
+			t.Fatalf("after disable: %v", keys[k])
+		}
+	}
+	if keys["claude-haiku-1"]["disabled"] != false {
+		t.Fatalf("disable touched another key: %v", keys["claude-haiku-1"])
+	}
+	id = api.submit(t, ask("served while sonnet keys are disabled"))
+	out := api.waitStatus(t, id, 15*time.Second, "completed", "failed")
+	if res, _ := out["result"].(map[string]any); out["status"] != "completed" || res["provider"] != "openai" {
+		t.Fatalf("with both Sonnet keys disabled: %v", out)
+	}
+	for _, k := range []string{"claude-sonnet-1", "claude-sonnet-2"} {
+		code, out, _ := call(t, "POST", api.ts.URL+"/admin/keys/"+k+"/enable", adminToken, nil)
+		if code != http.StatusOK || out["disabled"] != false {
+			t.Fatalf("enable %s: %d %v", k, code, out)
+		}
+	}
+	keys, _ = keyListing(t, api)
+	for _, k := range []string{"claude-sonnet-1", "claude-sonnet-2"} {
+		if keys[k]["disabled"] != false {
+			t.Fatalf("after enable: %v", keys[k])
+		}
+	}
+	id = api.submit(t, ask("served after the keys are enabled"))
+	out = api.waitStatus(t, id, 15*time.Second, "completed", "failed")
+	if res, _ := out["result"].(map[string]any); out["status"] != "completed" || res["provider"] != "claude" {
+		t.Fatalf("after enabling the Sonnet keys: %v", out)
+	}
+
+	// Unknown keys are 404, and the error does not echo anything secret.
+	for _, action := range []string{"disable", "enable"} {
+		code, out, _ := call(t, "POST", api.ts.URL+"/admin/keys/no-such-key/"+action, adminToken, nil)
+		if code != http.StatusNotFound {
+			t.Fatalf("%s an unknown key: %d %v", action, code, out)
+		}
+	}
+}
+
+var snakeCaseField = regexp.MustCompile(`^[a-z][a-z0-9]*(_[a-z0-9]+)*$`)
+
+// /admin/breakers lists the breakers with snake_case fields; /admin/queues
+// serves asynqmon; /admin/report sums the history.
+func TestAdminBreakersQueuesReport(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{extraYML: "cache: {enabled: false}"})
+	api := s.startAPI()
+	s.startWorker()
+	start := time.Now().Add(-time.Minute)
+	const n = 3
+	for i := range n {
+		id := api.submit(t, ask(fmt.Sprintf("report request %d", i)))
+		if out := api.waitStatus(t, id, 15*time.Second, "completed", "failed"); out["status"] != "completed" {
+			t.Fatalf("request %d: %v", i, out)
+		}
+	}
+
+	code, raw, _ := adminFetch(t, api.ts.URL+"/admin/breakers", adminToken)
+	if code != http.StatusOK {
+		t.Fatalf("/admin/breakers: %d %s", code, raw)
+	}
+	var br struct {
+		Breakers []map[string]any `json:"breakers"`
+	}
+	if err := json.Unmarshal([]byte(raw), &br); err != nil || len(br.Breakers) == 0 {
+		t.Fatalf("/admin/breakers: %v: %s", err, raw)
+	}
+	names := map[string]bool{}
+	for _, b := range br.Breakers {
+		for f := range b {
+			if !snakeCaseField.MatchString(f) {
+				t.Errorf("breaker field %q is not snake_case", f)
+			}
+		}
+		name, _ := b["name"].(string)
+		names[name] = true
+		if b["state"] != "closed" {
+			t.Errorf("breaker %s: state %v after successful calls", name, b["state"])
+		}
+		if _, ok := b["consecutive_failures"]; !ok {
+			t.Errorf("breaker %s: no consecutive_failures: %v", name, b)
+		}
+	}
+	if !names["claude/sonnet"] {
+		t.Fatalf("the route that served the requests has no breaker listed: %s", raw)
+	}
+
+	// asynqmon: its page and its API, with the admin token only.
+	code, raw, ctype := adminFetch(t, api.ts.URL+"/admin/queues", adminToken)
+	if code != http.StatusOK || !strings.HasPrefix(ctype, "text/html") || !strings.Contains(strings.ToLower(raw), "<html") {
+		t.Fatalf("/admin/queues: %d %q %.200s", code, ctype, raw)
+	}
+	code, raw, _ = adminFetch(t, api.ts.URL+"/admin/queues/api/queues", adminToken)
+	if code != http.StatusOK || !strings.Contains(raw, "normal") {
+		t.Fatalf("/admin/queues/api/queues: %d %.300s", code, raw)
+	}
+	if code, _, _ := adminFetch(t, api.ts.URL+"/admin/queues", ""); code != http.StatusUnauthorized {
+		t.Fatalf("/admin/queues without a token: %d", code)
+	}
+
+	// The report counts the requests once their history rows are final.
+	var rep map[string]any
+	waitFor(t, 10*time.Second, "the report to count the requests", func() bool {
+		code, raw, _ := adminFetch(t, api.ts.URL+"/admin/report", adminToken)
+		if code != http.StatusOK {
+			t.Fatalf("/admin/report: %d %s", code, raw)
+		}
+		rep = nil
+		if err := json.Unmarshal([]byte(raw), &rep); err != nil {
+			t.Fatalf("/admin/report: %v: %s", err, raw)
+		}
+		bs, _ := rep["by_status"].(map[string]any)
+		return rep["total"] == float64(n) && bs["completed"] == float64(n)
+	})
+	for _, f := range []string{"from", "to", "cache", "usage", "latency"} {
+		if _, ok := rep[f]; !ok {
+			t.Errorf("report has no %s: %v", f, rep)
+		}
+	}
+	u := fmt.Sprintf("%s/admin/report?from=%s&to=%s", api.ts.URL, start.UTC().Format(time.RFC3339), time.Now().Add(time.Minute).UTC().Format(time.RFC3339))
+	if code, raw, _ := adminFetch(t, u, adminToken); code != http.StatusOK || !strings.Contains(raw, `"total":3`) {
+		t.Fatalf("report over an explicit range: %d %.300s", code, raw)
+	}
+	for _, q := range []string{"from=yesterday", "to=2020-13-01", "from=2030-01-01T00:00:00Z&to=2020-01-01T00:00:00Z"} {
+		code, out, _ := call(t, "GET", api.ts.URL+"/admin/report?"+q, adminToken, nil)
+		if e, _ := out["error"].(map[string]any); code != http.StatusBadRequest || e["message"] == "" {
+			t.Errorf("report?%s: %d %v, want 400 with a message", q, code, out)
+		}
+	}
+}
+
+// A cached answer of case c1 stops hitting once case c1 is invalidated;
+// another case's answer keeps hitting.
+func TestAdminCacheInvalidate(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{})
+	api := s.startAPI()
+	s.startWorker()
+	withCase := func(prompt, caseID string) map[string]any {
+		b := ask(prompt)
+		b["case_id"] = caseID
+		return b
+	}
+	cachedRows := func(caseID string) int {
+		var n int
+		if err := api.base.PG.QueryRow(t.Context(), "SELECT count(*) FROM semantic_cache WHERE case_id = $1", caseID).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	// runs submits and returns how it was answered ("" while running).
+	runs := func(body map[string]any) string {
+		t.Helper()
+		id, out := api.submitWith(t, devToken, body)
+		if out["status"] != "completed" {
+			out = api.waitStatus(t, id, 15*time.Second, "completed", "failed")
+		}
+		res, _ := out["result"].(map[string]any)
+		if out["status"] != "completed" || res == nil {
+			t.Fatalf("request: %v", out)
+		}
+		return res["cached"].(string)
+	}
+	c1 := withCase("Case c1: VIN 123 shows U0100 after OTA 3.2.1; which ECU lost comms?", "c1")
+	c2 := withCase("Completely unrelated: summarise the weekly charging statistics of depot B.", "c2")
+	for _, b := range []map[string]any{c1, c2} {
+		if got := runs(b); got != "none" {
+			t.Fatalf("first ask answered %q", got)
+		}
+	}
+	waitFor(t, 10*time.Second, "both answers to be cached", func() bool { return cachedRows("c1") == 1 && cachedRows("c2") == 1 })
+	if got := runs(c1); got != "exact" {
+		t.Fatalf("second ask of c1 answered %q, want exact", got)
+	}
+	calls := s.mock.Stats().Total().OK
+
+	code, out, _ := call(t, "POST", api.ts.URL+"/admin/cache/invalidate", adminToken, map[string]any{"tenant": "demo", "case_id": "c1"})
+	if code != http.StatusOK || out["deleted"] != 1.0 {
+		t.Fatalf("invalidate c1: %d %v", code, out)
+	}
+	if got := runs(c1); got != "none" {
+		t.Fatalf("c1 after invalidation answered %q, want a miss", got)
+	}
+	if got := s.mock.Stats().Total().OK; got != calls+1 {
+		t.Fatalf("provider calls %d after the invalidated ask, want %d", got, calls+1)
+	}
+	if got := runs(c2); got != "exact" {
+		t.Fatalf("c2 after invalidating c1 answered %q, want exact", got)
+	}
+	// Another tenant's invalidation does not reach demo's entries.
+	code, out, _ = call(t, "POST", api.ts.URL+"/admin/cache/invalidate", adminToken, map[string]any{"tenant": "other", "case_id": "c2"})
+	if code != http.StatusOK || out["deleted"] != 0.0 || cachedRows("c2") != 1 {
+		t.Fatalf("invalidating other's c2: %d %v (rows %d)", code, out, cachedRows("c2"))
+	}
+
+	bad := []struct {
+		name   string
+		body   any
+		status int
+	}{
+		{"malformed", `{"tenant": "demo",`, http.StatusBadRequest},
+		{"empty body", "", http.StatusBadRequest},
+		{"not an object", `["c1"]`, http.StatusBadRequest},
+		{"wrong type", `{"case_id": 1}`, http.StatusBadRequest},
+		{"unknown field", `{"case": "c1"}`, http.StatusBadRequest},
+		{"nothing to invalidate", `{}`, http.StatusUnprocessableEntity},
+	}
+	for _, tt := range bad {
+		code, out, _ := call(t, "POST", api.ts.URL+"/admin/cache/invalidate", adminToken, tt.body)
+		e, _ := out["error"].(map[string]any)
+		if code != tt.status || e == nil || e["message"] == "" {
+			t.Errorf("%s: %d %v, want %d with a message", tt.name, code, out, tt.status)
+		}
+	}
+	if cachedRows("c2") != 1 {
+		t.Fatal("a refused invalidation deleted entries")
+	}
+}
