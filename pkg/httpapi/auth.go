@@ -47,10 +47,18 @@ func (s *Server) authError(c *gin.Context, msg string) {
 	}
 }
 
+// adminAuth accepts the admin token as a Bearer token, or as the password
+// of HTTP Basic auth (any user name) so that an operator can open the
+// asynqmon dashboard at /admin/queues in a browser, which cannot send a
+// Bearer header by itself.
 func (s *Server) adminAuth(c *gin.Context) {
 	tok := token(c.Request)
+	if _, pass, ok := c.Request.BasicAuth(); ok {
+		tok = secret.New(pass)
+	}
 	if s.cfg.AdminToken.IsZero() || tok.IsZero() || !tok.Equal(s.cfg.AdminToken) {
-		apiError(c, http.StatusUnauthorized, "unauthorized", "", "admin token required")
+		c.Header("WWW-Authenticate", `Basic realm="bulwark admin", charset="UTF-8"`)
+		apiError(c, http.StatusUnauthorized, "unauthorized", "", "admin token required (Bearer, or as the Basic auth password)")
 		return
 	}
 	c.Next()

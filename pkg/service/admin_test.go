@@ -378,3 +378,34 @@ func TestAdminCacheInvalidate(t *testing.T) {
 		t.Fatal("a refused invalidation deleted entries")
 	}
 }
+
+// A browser reaches asynqmon with the admin token as the Basic auth
+// password, and is asked for it (WWW-Authenticate) without.
+func TestAdminQueuesInABrowser(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{})
+	api := s.startAPI()
+	req, _ := http.NewRequest("GET", api.ts.URL+"/admin/queues", nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusUnauthorized || !strings.HasPrefix(resp.Header.Get("WWW-Authenticate"), "Basic") {
+		t.Fatalf("without credentials: %d %q", resp.StatusCode, resp.Header.Get("WWW-Authenticate"))
+	}
+	req.SetBasicAuth("ops", adminToken)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(resp.Header.Get("Content-Type"), "text/html") {
+		t.Fatalf("with Basic auth: %d %s", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	req.SetBasicAuth("ops", devToken)
+	if resp, err = http.DefaultClient.Do(req); err != nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("tenant token as password: %v %v", resp.StatusCode, err)
+	}
+	resp.Body.Close()
+}
