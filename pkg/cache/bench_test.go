@@ -196,7 +196,7 @@ func BenchmarkLookup(b *testing.B) {
 			near, topic := d.queries(true, 1), d.queries(false, 2)
 			// Warm the buffer cache the way a running service is warm.
 			for _, q := range append(slices.Clone(near), topic...) {
-				_, err := caches["hnsw"].search(ctx, 0, caches["hnsw"].Scope(q.key), q.vec, false)
+				_, err := caches["hnsw"].search(ctx, 0, caches["hnsw"].Scope(q.key), "", q.vec, false)
 				require.NoError(b, err)
 			}
 
@@ -267,7 +267,7 @@ func BenchmarkLookup(b *testing.B) {
 						q := topic[i%len(topic)]
 						i++
 						t0 := time.Now()
-						cands, err := c.search(ctx, 0, c.Scope(q.key), q.vec, false)
+						cands, err := c.search(ctx, 0, c.Scope(q.key), "", q.vec, false)
 						lat = append(lat, time.Since(t0))
 						if err != nil {
 							b.Fatal(err)

@@ -179,7 +179,7 @@ func (c *Cache) buildSQL() {
 FROM semantic_cache WHERE scope = $1 AND prompt_hash = $2 AND expires_at > now()`
 
 	// One round trip. "live" counts the scope's live rows up to the
-	// small-scope limit (an index-only scan of semantic_cache_scope_live);
+	// small-scope limit (an index-only scan of semantic_cache_entities_live);
 	// its value gates, as a one-time filter, which of the two branches
 	// runs: an exact scan of the scope (the "+ 0" keeps the planner off the
 	// HNSW index) or the HNSW index walk with iterative scan. Candidates
@@ -195,7 +195,7 @@ FROM semantic_cache WHERE scope = $1 AND prompt_hash = $2 AND expires_at > now()
 	if small < 0 {
 		small = 0 // never take the exact branch
 	}
-	filter := fmt.Sprintf("scope = $2 AND embedder = %s AND expires_at > now()", name)
+	filter := fmt.Sprintf("scope = $2 AND entities = $4 AND embedder = %s AND expires_at > now()", name)
 	for i, hnswLimit := range []int{1, c.cfg.Candidates} {
 		c.sqlSearch[i] = fmt.Sprintf(`WITH live AS MATERIALIZED (
   SELECT count(*) AS n FROM (SELECT 1 FROM semantic_cache WHERE %[1]s LIMIT %[2]d) l
@@ -217,10 +217,10 @@ ORDER BY c.dist`, filter, small, vec, c.cfg.Candidates, hnswLimit)
 	}
 
 	c.sqlStore = fmt.Sprintf(`INSERT INTO semantic_cache
-  (scope, prompt_hash, embedder, embedding, tenant, case_id, layer, prompt, response, expires_at)
-VALUES ($1, $2, %s, $3, $4, NULLIF($5, ''), $6, $7, $8, now() + make_interval(secs => $9))
+  (scope, prompt_hash, embedder, embedding, tenant, case_id, layer, prompt, response, expires_at, entities)
+VALUES ($1, $2, %s, $3, $4, NULLIF($5, ''), $6, $7, $8, now() + make_interval(secs => $9), $10)
 ON CONFLICT (scope, prompt_hash) DO UPDATE SET
-  embedder = EXCLUDED.embedder, embedding = EXCLUDED.embedding, tenant = EXCLUDED.tenant,
+  embedder = EXCLUDED.embedder, embedding = EXCLUDED.embedding, tenant = EXCLUDED.tenant, entities = EXCLUDED.entities,
   case_id = EXCLUDED.case_id, layer = EXCLUDED.layer, prompt = EXCLUDED.prompt,
   response = EXCLUDED.response, created_at = now(), expires_at = EXCLUDED.expires_at,
   hit_count = 0, last_hit_at = NULL`, name)
@@ -364,13 +364,12 @@ func (c *Cache) Lookup(ctx context.Context, k Key, emb []float32) (Hit, error) {
 	}
 
 	var (
-		want      entities
-		extracted bool
-		refused   map[int64]bool
+		want    = c.guard.extract(prompt)
+		refused map[int64]bool
 	)
 	for round := range c.sqlSearch {
 		qctx, cancel := context.WithTimeout(ctx, c.cfg.QueryTimeout)
-		cands, err := c.search(qctx, round, sc, emb, true)
+		cands, err := c.search(qctx, round, sc, want.key(), emb, true)
 		cancel()
 		if err != nil {
 			err = fmt.Errorf("cache: lookup semantic: %w: %w", ErrUnavailable, err)
@@ -384,9 +383,8 @@ func (c *Cache) Lookup(ctx context.Context, k Key, emb []float32) (Hit, error) {
 			if refused[cd.id] {
 				continue
 			}
-			if !extracted {
-				want, extracted = c.guard.extract(prompt), true
-			}
+			// The SQL already filters on the entities; this re-check guards
+			// rows stored before that column existed.
 			if !c.guard.extract(cd.prompt).same(want) {
 				c.guardRejected.Add(1)
 				if refused == nil {
@@ -420,12 +418,12 @@ type candidate struct {
 
 // search runs sqlSearch[round] and returns the nearest live rows of a
 // scope, nearest first. Without withText no prompt or response is fetched.
-func (c *Cache) search(ctx context.Context, round int, scope string, emb []float32, withText bool) ([]candidate, error) {
+func (c *Cache) search(ctx context.Context, round int, scope, ents string, emb []float32, withText bool) ([]candidate, error) {
 	threshold := c.cfg.Threshold
 	if !withText {
 		threshold = 2 // above any similarity: no text fetched
 	}
-	rows, err := c.pool.Query(ctx, c.sqlSearch[round], pgvector.NewVector(emb), scope, threshold)
+	rows, err := c.pool.Query(ctx, c.sqlSearch[round], pgvector.NewVector(emb), scope, threshold, ents)
 	if err != nil {
 		return nil, err
 	}
@@ -476,7 +474,7 @@ func (c *Cache) Store(ctx context.Context, k Key, emb []float32, response json.R
 	defer cancel()
 	_, err = c.pool.Exec(qctx, c.sqlStore,
 		scope(k, layer, *c.cfg.TenantIsolation), PromptHash(prompt), pgvector.NewVector(emb),
-		k.Tenant, k.CaseID, layer, prompt, []byte(response), c.cfg.TTL[layer].Seconds())
+		k.Tenant, k.CaseID, layer, prompt, []byte(response), c.cfg.TTL[layer].Seconds(), c.guard.extract(prompt).key())
 	if err != nil {
 		err = fmt.Errorf("cache: store: %w: %w", ErrUnavailable, err)
 		c.fail(ctx, err)

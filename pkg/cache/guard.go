@@ -73,6 +73,17 @@ func (g *guard) extract(prompt string) entities {
 	return out
 }
 
+// key is the canonical text form of e, stored with each answer and matched
+// exactly by lookups: per pattern the sorted matches joined by ",", the
+// patterns joined by "|".
+func (e entities) key() string {
+	parts := make([]string, len(e))
+	for i, m := range e {
+		parts[i] = strings.Join(m, ",")
+	}
+	return strings.Join(parts, "|")
+}
+
 // same reports whether two prompts' entities agree for every pattern.
 func (e entities) same(o entities) bool {
 	if len(e) != len(o) {
