@@ -2,6 +2,7 @@ package service_test
 
 import (
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -145,5 +146,51 @@ func TestBadInputClasses(t *testing.T) {
 	var n int
 	if err := api.base.PG.QueryRow(t.Context(), "SELECT count(*) FROM requests").Scan(&n); err != nil || n != 0 {
 		t.Fatalf("history rows after bad input: %d %v", n, err)
+	}
+}
+
+// /readyz checks Redis and PostgreSQL; /metrics of the API reports the
+// shared state and the worker's reports the provider calls it made.
+func TestHealthAndMetrics(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{})
+	api := s.startAPI()
+	s.startWorker()
+	if code, out, _ := call(t, "GET", api.ts.URL+"/readyz", "", nil); code != 200 || out["ready"] != true {
+		t.Fatalf("readyz: %d %v", code, out)
+	}
+	id := api.submit(t, ask("metrics please"))
+	api.waitStatus(t, id, 15*time.Second, "completed")
+
+	_, out, _ := call(t, "GET", api.ts.URL+"/metrics", "", nil)
+	apiMetrics := out["_raw"].(string)
+	for _, want := range []string{
+		`bulwark_queue_depth{priority="critical"} 0`,
+		`bulwark_keys_available{route="claude/sonnet"} 2`,
+		`bulwark_slots_in_use{priority="normal"} 0`,
+		`bulwark_requests_submitted_total{priority="normal"} 1`,
+		`bulwark_cache_lookups_total{layer="agent",result="miss"} 1`,
+	} {
+		if !strings.Contains(apiMetrics, want) {
+			t.Errorf("API /metrics lacks %s", want)
+		}
+	}
+	rec := httptest.NewRecorder()
+	s.workers[0].MetricsHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	workerMetrics := rec.Body.String()
+	for _, want := range []string{
+		`bulwark_provider_calls_total{key_id="claude-sonnet-`,
+		`outcome="ok",provider="claude",tier="sonnet"} 1`,
+		`bulwark_requests_total{priority="normal",status="completed"} 1`,
+		`bulwark_tokens_total{direction="output",provider="claude",tier="sonnet"}`,
+	} {
+		if !strings.Contains(workerMetrics, want) {
+			t.Errorf("worker /metrics lacks %s", want)
+		}
+	}
+	for _, k := range []string{"mock-claude-key-1", "mock-claude-key-2"} {
+		if strings.Contains(apiMetrics+workerMetrics, k) {
+			t.Fatal("a key value in the metrics")
+		}
 	}
 }

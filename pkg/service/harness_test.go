@@ -39,8 +39,9 @@ type system struct {
 	cfg    *config.Config
 	redis  *redis.Options
 	pgDSN  string
-	logs   *syncBuffer
-	apis   []*apiProc
+	logs    *syncBuffer
+	apis    []*apiProc
+	workers []*service.Base
 }
 
 type apiProc struct {
@@ -152,6 +153,7 @@ func (s *system) startWorker() func() {
 	if err := srv.Start(mux); err != nil {
 		s.t.Fatalf("worker: %v", err)
 	}
+	s.workers = append(s.workers, b)
 	var once sync.Once
 	stop := func() { once.Do(func() { srv.Shutdown(); b.Close() }) }
 	s.t.Cleanup(stop)
