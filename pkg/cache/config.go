@@ -55,12 +55,17 @@ func TTLDefault() map[string]time.Duration {
 //     hyphens) do not match; ISO dates would, which is why dates are
 //     ignored first (IgnoredPatternsDefault).
 //   - Version numbers, e.g. 2.4.1, v10.3: \bv?\d+\.\d+(\.\d+)*\b
+//   - Any other standalone number (car 12, 120 km/h, batch 7): \b\d+\b.
+//     A lexical embedding scores "request 367" and "request 7" at 0.95,
+//     so without it questions about different things would share an
+//     answer. Timestamps and VINs are masked first and do not count.
 func ProtectedPatternsDefault() []string {
 	return []string{
 		`(?i)\b[PCBU][0-9A-F]{4}\b`,
 		`\bECU[-_ ]?[A-Z0-9]+\b`,
 		`\b[0-9A-Z]{2,5}(?:-[0-9A-Z]{2,6}){1,3}\b`,
 		`\bv?\d+\.\d+(?:\.\d+)*\b`,
+		`\b\d+\b`,
 	}
 }
 
@@ -77,6 +82,7 @@ func IgnoredPatternsDefault() []string {
 		`\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?`,
 		`\b\d{1,2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?\b`,
 		`\b[A-HJ-NPR-Z0-9]{17}\b`, // VIN (ISO 3779: no I, O, Q)
+		`\b1\d{9}(?:\d{3})?\b`,    // Unix time in s or ms (2001-2033)
 	}
 }
 

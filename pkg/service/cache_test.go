@@ -156,3 +156,19 @@ func TestSemanticCacheThroughAPI(t *testing.T) {
 		t.Fatalf("bypass made %d provider calls", got-calls)
 	}
 }
+
+// Prompts that differ only in a number are different questions, however
+// alike their words: the lexical embedder scores these two 0.95.
+func TestNumbersAreProtected(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{})
+	api := s.startAPI()
+	s.startWorker()
+	for _, q := range []string{"throughput request 7: why did the OTA update fail?", "throughput request 367: why did the OTA update fail?"} {
+		id := api.submit(t, ask(q))
+		out := api.waitStatus(t, id, 20*time.Second, "completed")
+		if res := out["result"].(map[string]any); res["cached"] != "none" || res["content"] != mockprovider.Reply(q) {
+			t.Fatalf("%q: %v", q, res)
+		}
+	}
+}
