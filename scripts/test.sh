@@ -3,6 +3,8 @@
 # installs what is missing, starts both under .data/test on their own
 # ports (fsync off: throw-away data), runs `go test -race ./...`, and stops
 # them again. Extra arguments go to `go test` (e.g. -run TestX ./pkg/job).
+# BULWARK_RACE=0 leaves out -race (benchmarks: the race detector distorts
+# timings several-fold).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -19,8 +21,10 @@ fi
 export BULWARK_TEST_REDIS=127.0.0.1:$BULWARK_REDIS_PORT
 export BULWARK_TEST_PG="postgres://postgres@127.0.0.1:$BULWARK_PG_PORT/postgres?sslmode=disable"
 
+race=-race
+[ "${BULWARK_RACE:-1}" = 0 ] && race=
 if [ $# -gt 0 ]; then
-  go test -race "$@"
+  go test $race "$@"
 else
-  go test -race -timeout 9m ./...
+  go test $race -timeout 9m ./...
 fi
