@@ -61,9 +61,14 @@ func (s *Store) failed(op string, err error) {
 	}
 }
 
+// submitTimeout bounds the insert on the submission path: with PostgreSQL
+// hanging rather than refusing, history must not add seconds to every
+// submission.
+const submitTimeout = 300 * time.Millisecond
+
 // Submitted records an accepted request. Failures are logged, not returned.
 func (s *Store) Submitted(ctx context.Context, j *job.Job, status job.Status, cached string) {
-	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, submitTimeout)
 	defer cancel()
 	_, err := s.pool.Exec(ctx, `
 		INSERT INTO requests (id, tenant, priority, status, provider, model_tier, cached, case_id, cache_layer, created_at)
