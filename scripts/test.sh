@@ -25,6 +25,15 @@ race=-race
 [ "${BULWARK_RACE:-1}" = 0 ] && race=
 if [ $# -gt 0 ]; then
   go test $race "$@"
-else
-  go test $race -timeout 9m ./...
+  exit
+fi
+
+# The whole suite: formatting, the tests, then the linters.
+unformatted=$(gofmt -l $(git ls-files '*.go' 2>/dev/null || find . -name '*.go' -not -path './.data/*'))
+if [ -n "$unformatted" ]; then
+  echo "gofmt would change:" >&2; echo "$unformatted" >&2; exit 1
+fi
+go test $race -timeout 9m ./...
+if [ "${BULWARK_LINT:-1}" = 1 ]; then
+  "$root/scripts/lint.sh"
 fi

@@ -508,7 +508,7 @@ func checkName(name string) error {
 		return errors.New("empty breaker name")
 	}
 	if len(name) > 200 {
-		return fmt.Errorf("breaker name longer than 200 bytes: %.40q...", name)
+		return fmt.Errorf("breaker name longer than 200 bytes: %.40q", name)
 	}
 	return nil
 }

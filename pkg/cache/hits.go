@@ -130,10 +130,10 @@ func (c *Cache) flushLoop(ctx context.Context, done chan struct{}) {
 		select {
 		case <-ctx.Done():
 			// Last flush on a fresh context: ours is already cancelled.
-			c.FlushHits(context.WithoutCancel(ctx)) // errors are counted and logged inside
+			_ = c.FlushHits(context.WithoutCancel(ctx)) // errors are counted and logged inside
 			return
 		case <-t.C:
-			c.FlushHits(ctx)
+			_ = c.FlushHits(ctx) // errors are counted and logged inside
 		}
 	}
 }

@@ -279,13 +279,12 @@ func (in *Intake) degraded(ctx context.Context, j *job.Job, a *Accepted, lang st
 	if in.breakers == nil {
 		return
 	}
-	names := []string{breaker.AllName}
 	st, err := in.breakers.Status(ctx, breaker.AllName)
 	if err == nil && st.State != breaker.StateClosed {
 		in.markDegraded(a, st, lang)
 		return
 	}
-	names = []string{j.Route.String()}
+	names := []string{j.Route.String()}
 	if fb, ok := in.cfg.Fallback(j.Route); ok {
 		names = append(names, fb.String())
 	}

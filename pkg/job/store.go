@@ -262,7 +262,7 @@ func CompareIDs(a, b string) int {
 
 func splitID(id string) (uint64, uint64) {
 	var ms, seq uint64
-	fmt.Sscanf(id, "%d-%d", &ms, &seq)
+	_, _ = fmt.Sscanf(id, "%d-%d", &ms, &seq) // a malformed id orders as 0-0
 	return ms, seq
 }
 

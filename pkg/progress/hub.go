@@ -166,7 +166,7 @@ func (h *Hub) markAllLagged() {
 // Run receives events until ctx ends. It owns the pub/sub connection.
 func (h *Hub) Run(ctx context.Context) error {
 	ps := h.rdb.Subscribe(ctx, h.cfg.Channel, h.pos.DequeuedChannel())
-	defer ps.Close()
+	defer func() { _ = ps.Close() }()
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {

@@ -96,15 +96,15 @@ func SendMail(ctx context.Context, cfg MailConfig, subject, body string) error {
 	}
 	// net/smtp takes no context: end blocked I/O when ctx ends (its
 	// deadline included; ctx.Err is set by then, so errors name it).
-	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 
 	c, err := smtp.NewClient(conn, host)
 	if err != nil {
-		conn.Close()
+		_ = conn.Close()
 		return fmt.Errorf("report: smtp greeting: %w", ctxErr(ctx, err))
 	}
-	defer c.Close()
+	defer func() { _ = c.Close() }()
 	if err := c.Hello("localhost"); err != nil {
 		return fmt.Errorf("report: smtp EHLO: %w", ctxErr(ctx, err))
 	}
@@ -147,7 +147,7 @@ func SendMail(ctx context.Context, cfg MailConfig, subject, body string) error {
 		return fmt.Errorf("report: smtp DATA: %w", ctxErr(ctx, err))
 	}
 	if _, err := wc.Write(msg); err != nil {
-		wc.Close()
+		_ = wc.Close()
 		return fmt.Errorf("report: smtp DATA: %w", ctxErr(ctx, err))
 	}
 	if err := wc.Close(); err != nil {
@@ -155,7 +155,7 @@ func SendMail(ctx context.Context, cfg MailConfig, subject, body string) error {
 	}
 	// The relay accepted the message when DATA closed; a failed QUIT must
 	// not make the caller send it twice.
-	c.Quit()
+	_ = c.Quit() // the message is accepted; a failed QUIT loses nothing
 	return nil
 }
 
