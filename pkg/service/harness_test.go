@@ -33,12 +33,12 @@ const (
 // processes, each with its own Redis and PostgreSQL clients, on one test
 // Redis database and one test PostgreSQL database.
 type system struct {
-	t      testing.TB
-	mock   *mockprovider.Server
-	mockTS *httptest.Server
-	cfg    *config.Config
-	redis  *redis.Options
-	pgDSN  string
+	t       testing.TB
+	mock    *mockprovider.Server
+	mockTS  *httptest.Server
+	cfg     *config.Config
+	redis   *redis.Options
+	pgDSN   string
 	logs    *syncBuffer
 	apis    []*apiProc
 	workers []*service.Base
