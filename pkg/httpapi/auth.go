@@ -37,14 +37,7 @@ func (s *Server) auth(c *gin.Context) {
 }
 
 func (s *Server) authError(c *gin.Context, msg string) {
-	switch c.FullPath() {
-	case "/v1/chat/completions":
-		openAIError(c, http.StatusUnauthorized, "invalid_api_key", msg)
-	case "/v1/messages":
-		anthropicError(c, http.StatusUnauthorized, "authentication_error", msg)
-	default:
-		apiError(c, http.StatusUnauthorized, "unauthorized", "", msg)
-	}
+	routeError(c, http.StatusUnauthorized, "invalid_api_key", msg)
 }
 
 // adminAuth accepts the admin token as a Bearer token, or as the password
