@@ -33,8 +33,27 @@ install_pkgs() {
   [ -z "$pkgs" ] && return 0
   log "installing: $(echo $pkgs)"
   $SUDO apt-get update -qq
-  # Debian's service scripts would start system-wide servers we do not use.
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $pkgs >/dev/null
+  stop_system_services $pkgs
+}
+
+# stop_system_services stops and disables the system-wide servers that the
+# packages we just installed start under systemd: Bulwark runs its own
+# Redis and PostgreSQL under .data/, and needs only promtool of the
+# prometheus package. Services of packages that were already there are
+# left alone.
+stop_system_services() {
+  [ -d /run/systemd/system ] || return 0
+  local p unit
+  for p in "$@"; do
+    case "$p" in
+      redis-server) unit=redis-server ;;
+      postgresql-*) unit=postgresql ;;
+      prometheus) unit=prometheus ;;
+      *) continue ;;
+    esac
+    $SUDO systemctl disable --now "$unit" >/dev/null 2>&1 || true
+  done
 }
 
 # mirror_uri prints the first Debian archive URI of the machine's apt
