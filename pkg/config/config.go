@@ -158,7 +158,9 @@ type Queue struct {
 	Reserved map[priority.Priority]int `yaml:"reserved"`
 	// Weights of the asynq queues. Default critical 6, high 3, normal 2, low 1.
 	Weights map[priority.Priority]int `yaml:"weights"`
-	// StrictPriority empties higher queues first, ignoring Weights.
+	// StrictPriority always takes the most urgent waiting request first,
+	// ignoring Weights (which otherwise let lower priorities through now
+	// and then, so that they never starve).
 	StrictPriority bool `yaml:"strict_priority"`
 	// MaxWait is how long a request may wait before it fails. Default 300s.
 	MaxWait time.Duration `yaml:"queue_max_wait"`

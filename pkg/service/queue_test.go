@@ -270,3 +270,40 @@ func TestExpiryJobFailsOverdueQueuedRequests(t *testing.T) {
 		t.Fatalf("expired task still queued (%d)", info.Size)
 	}
 }
+
+// With strict_priority, a CRITICAL request submitted after a backlog of LOW
+// ones runs first whatever the weights, and its queue position says so.
+func TestStrictPriority(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{extraYML: "cache: {enabled: false}"})
+	s.cfg.Queue.StrictPriority = true
+	s.cfg.Worker.Concurrency = 1
+	// Weights that favour LOW 100 to 1: only strict priority puts CRITICAL
+	// first (weighted, it would go first once in 101 picks).
+	s.cfg.Queue.Weights[priority.Low], s.cfg.Queue.Weights[priority.Critical] = 100, 1
+	api := s.startAPI()
+	lows := api.submitMany(t, 5, "strict-low", map[string]any{"priority": "low"})
+	code, out, _ := call(t, "POST", api.ts.URL+"/v1/requests", devToken, map[string]any{"provider": "claude", "model_tier": "sonnet",
+		"priority": "critical", "messages": []map[string]any{{"role": "user", "content": "breakdown on the road"}}})
+	if code != http.StatusAccepted || out["queue_position"].(float64) != 1 {
+		t.Fatalf("critical behind a LOW backlog: %d %v", code, out)
+	}
+	crit := out["id"].(string)
+	s.startWorker()
+	startedAt := func(id string) time.Time {
+		api.waitStatus(t, id, 20*time.Second, "completed")
+		ch, _ := stream(t, api.ts.URL+"/v1/requests/"+id+"/events", devToken, "")
+		ev := next(t, ch, 5*time.Second, "started")
+		at, err := time.Parse(time.RFC3339Nano, ev.Data["at"].(string))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return at
+	}
+	critAt := startedAt(crit)
+	for _, id := range lows {
+		if at := startedAt(id); !at.After(critAt) {
+			t.Fatalf("LOW %s started at %s, before CRITICAL at %s", id, at, critAt)
+		}
+	}
+}

@@ -51,14 +51,9 @@ func (b *Base) Worker(clients map[llm.Provider]llm.Client) (*asynq.Server, *asyn
 		Finisher: finisher{b: b, co: coalescer{rdb: b.Redis, prefix: cfg.Redis.Prefix}}, Cache: ca,
 		Alerter: b, Metrics: b.Metrics, Logger: b.Logger,
 	})
-	queues := map[string]int{}
-	for _, p := range priority.All {
-		queues[queue.Name(p)] = cfg.Queue.Weights[p]
-	}
-	queues[maintenance.Queue] = 1
 	srv := asynq.NewServerFromRedisClient(b.Redis, asynq.Config{
 		Concurrency:              cfg.Worker.Concurrency,
-		Queues:                   queues,
+		Queues:                   queueWeights(cfg.Queue),
 		StrictPriority:           cfg.Queue.StrictPriority,
 		TaskCheckInterval:        cfg.Worker.TaskCheckInterval,
 		DelayedTaskCheckInterval: cfg.Worker.DelayedTaskCheckInterval,
@@ -114,6 +109,22 @@ type reporter struct{ b *Base }
 
 func (r reporter) ReportJSON(ctx context.Context, from, to time.Time) (any, error) {
 	return report.Build(ctx, r.b.PG, from, to)
+}
+
+// queueWeights gives asynq the queues and their weights. Under strict
+// priority asynq empties queues in the order of these numbers, so there
+// they follow the priorities (critical highest) rather than the configured
+// weights, and the periodic jobs, which are short, come first.
+func queueWeights(q config.Queue) map[string]int {
+	out := map[string]int{maintenance.Queue: 1}
+	for i, p := range priority.All {
+		out[queue.Name(p)] = q.Weights[p]
+		if q.StrictPriority {
+			out[queue.Name(p)] = len(priority.All) - i
+			out[maintenance.Queue] = len(priority.All) + 1
+		}
+	}
+	return out
 }
 
 // maxSlotWaiters caps each priority's slot waiters at the slots it could
