@@ -10,7 +10,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"bulwark/pkg/config"
 	"bulwark/pkg/mockprovider"
+	"bulwark/pkg/secret"
 	"bulwark/pkg/testenv"
 )
 
@@ -170,5 +172,31 @@ func TestNumbersAreProtected(t *testing.T) {
 		if res := out["result"].(map[string]any); res["cached"] != "none" || res["content"] != mockprovider.Reply(q) {
 			t.Fatalf("%q: %v", q, res)
 		}
+	}
+}
+
+// cache.embedder kind openai sends embeddings to any OpenAI-compatible
+// endpoint — here the mock provider's — and the cache works the same.
+func TestOpenAICompatibleEmbedder(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{})
+	s.cfg.Cache.Embedder = config.Embedder{Kind: "openai", BaseURL: s.mockTS.URL + "/v1", Model: "text-embedding-3-small",
+		Dims: 256, APIKey: secret.New("mock-embedding-key")}
+	api := s.startAPI()
+	s.startWorker()
+	q := "Car VIN LSVAU2180N2183456 reported U0100 at 2026-11-30 08:15:22: lost communication with the ECM?"
+	id := api.submit(t, ask(q))
+	api.waitStatus(t, id, 20*time.Second, "completed")
+	near := strings.Replace(strings.Replace(q, "2183456", "2999999", 1), "08:15:22", "10:01:02", 1)
+	out := api.waitStatus(t, api.submit(t, ask(near)), 20*time.Second, "completed")
+	if res := out["result"].(map[string]any); res["cached"] != "semantic" || res["content"] != mockprovider.Reply(q) {
+		t.Fatalf("near-duplicate with the OpenAI-compatible embedder: %v", res)
+	}
+	if st := s.mock.Stats().Total(); st.Embeddings < 2 {
+		t.Fatalf("the embeddings endpoint was called %d times", st.Embeddings)
+	}
+	var embedder string
+	if err := api.base.PG.QueryRow(context.Background(), "SELECT DISTINCT embedder FROM semantic_cache").Scan(&embedder); err != nil || !strings.HasPrefix(embedder, "openai-") {
+		t.Fatalf("rows stored by embedder %q (%v)", embedder, err)
 	}
 }
