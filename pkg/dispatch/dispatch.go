@@ -202,7 +202,17 @@ func RetryDelay(n int, err error, _ *asynq.Task) time.Duration {
 	if errors.As(err, &t) {
 		return t.Delay
 	}
-	return asynq.DefaultRetryDelayFunc(n, err, nil)
+	return backoff(n)
+}
+
+// backoff is the delay before retry n of a task that failed for another
+// reason (a Redis hiccup, a worker that died: asynq.ErrLeaseExpired):
+// 500 ms doubling per retry, at most 30 s, jittered ±25%. asynq's default
+// (n^4 + 15 s + up to 30(n+1) s) would keep a request whose worker died
+// waiting more than a minute for nothing.
+func backoff(n int) time.Duration {
+	d := min(500*time.Millisecond<<min(n, 10), 30*time.Second)
+	return d*3/4 + rand.N(d/2+1)
 }
 
 // ProcessTask handles one bulwark:call task.
@@ -349,7 +359,7 @@ func (d *Dispatcher) wait(ctx context.Context, rec *job.Record, after time.Durat
 func (d *Dispatcher) retryTransient(ctx context.Context, rec *job.Record, t *asynq.Task, cause error, log *slog.Logger) error {
 	n, _ := asynq.GetRetryCount(ctx)
 	maxRetry, _ := asynq.GetMaxRetry(ctx)
-	delay := min(asynq.DefaultRetryDelayFunc(n, cause, t), d.cfg.MaxTransientWait)
+	delay := min(backoff(n+1), d.cfg.MaxTransientWait)
 	if n >= maxRetry || time.Now().Add(delay).After(rec.Job.Deadline) {
 		d.fail(ctx, rec, fmt.Sprintf("provider_unavailable: %d attempts failed; last error: %v", rec.State.Attempts, cause), log)
 		return nil

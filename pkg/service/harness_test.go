@@ -37,6 +37,7 @@ type system struct {
 	mock    *mockprovider.Server
 	mockTS  *httptest.Server
 	cfg     *config.Config
+	doc     string // the configuration file's text, for worker subprocesses
 	redis   *redis.Options
 	pgDSN   string
 	logs    *syncBuffer
@@ -101,6 +102,7 @@ tenants:
   - {name: other, token: "other-token", max_priority: critical}
 %s
 %s`, adminToken, s.redis.Addr, s.redis.DB, s.pgDSN, s.mockTS.URL, s.mockTS.URL, devToken, keys, o.extraYML)
+	s.doc = doc
 	s.cfg, err = config.Parse([]byte(doc), func(string) (string, bool) { return "", false })
 	if err != nil {
 		t.Fatalf("config: %v", err)
