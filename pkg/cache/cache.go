@@ -59,6 +59,11 @@ type Hit struct {
 	Response json.RawMessage
 	// ID is the row id of the answer (0 on a miss).
 	ID int64
+	// Embedding is the prompt's embedding when the lookup got as far as
+	// the semantic search (nil after an exact hit), for the caller to pass
+	// to Store: a prompt is embedded at most once, and not at all when it
+	// hits exactly.
+	Embedding []float32
 }
 
 // Stats are counters since New. All are cumulative; metrics take deltas or
@@ -358,6 +363,7 @@ func (c *Cache) Lookup(ctx context.Context, k Key, emb []float32) (Hit, error) {
 	if err != nil {
 		return miss, err
 	}
+	miss.Embedding = emb
 	if !usable {
 		c.misses.Add(1)
 		return miss, nil
@@ -395,7 +401,7 @@ func (c *Cache) Lookup(ctx context.Context, k Key, emb []float32) (Hit, error) {
 			}
 			c.semHits.Add(1)
 			c.recordHit(cd.id)
-			return Hit{Kind: KindSemantic, Similarity: cd.sim, Age: cd.age, Response: cd.response, ID: cd.id}, nil
+			return Hit{Kind: KindSemantic, Similarity: cd.sim, Age: cd.age, Response: cd.response, ID: cd.id, Embedding: emb}, nil
 		}
 		// A second round only helps when the first came from the HNSW
 		// branch (one row) and the guard refused that row.

@@ -84,19 +84,14 @@ func (a cacheAdapter) Key(j *job.Job) string {
 	return a.c.Scope(k) + ":" + cache.PromptHash(cache.Normalise(k.Prompt))
 }
 
-// Lookup implements intake.Cache. It embeds the prompt once and keeps the
-// vector on the job for the write after the provider answers.
+// Lookup implements intake.Cache. The cache embeds the question only after
+// an exact miss; the vector is kept on the job for the write after the
+// provider answers, so a request is embedded at most once.
 func (a cacheAdapter) Lookup(ctx context.Context, j *job.Job) (intake.Hit, error) {
-	k := cacheKey(j)
-	if j.Embedding == nil {
-		emb, err := a.c.Embed(ctx, k.Prompt)
-		if err != nil {
-			a.m.CacheUnavailable.Inc()
-			return intake.Hit{}, err
-		}
-		j.Embedding = emb
+	h, err := a.c.Lookup(ctx, cacheKey(j), j.Embedding)
+	if h.Embedding != nil {
+		j.Embedding = h.Embedding
 	}
-	h, err := a.c.Lookup(ctx, k, j.Embedding)
 	if err != nil {
 		a.m.CacheUnavailable.Inc()
 		return intake.Hit{}, err

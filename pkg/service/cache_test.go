@@ -187,12 +187,21 @@ func TestOpenAICompatibleEmbedder(t *testing.T) {
 	q := "Car VIN LSVAU2180N2183456 reported U0100 at 2026-11-30 08:15:22: lost communication with the ECM?"
 	id := api.submit(t, ask(q))
 	api.waitStatus(t, id, 20*time.Second, "completed")
+	// Embedded once for the lookup and the write together.
+	if n := s.mock.Stats().Total().Embeddings; n != 1 {
+		t.Fatalf("%d embedding calls for one request", n)
+	}
+	// An exact hit needs no embedding at all.
+	out := api.waitStatus(t, api.submit(t, ask(q)), 20*time.Second, "completed")
+	if res := out["result"].(map[string]any); res["cached"] != "exact" || s.mock.Stats().Total().Embeddings != 1 {
+		t.Fatalf("exact repeat: %v, %d embedding calls", res["cached"], s.mock.Stats().Total().Embeddings)
+	}
 	near := strings.Replace(strings.Replace(q, "2183456", "2999999", 1), "08:15:22", "10:01:02", 1)
-	out := api.waitStatus(t, api.submit(t, ask(near)), 20*time.Second, "completed")
+	out = api.waitStatus(t, api.submit(t, ask(near)), 20*time.Second, "completed")
 	if res := out["result"].(map[string]any); res["cached"] != "semantic" || res["content"] != mockprovider.Reply(q) {
 		t.Fatalf("near-duplicate with the OpenAI-compatible embedder: %v", res)
 	}
-	if st := s.mock.Stats().Total(); st.Embeddings < 2 {
+	if st := s.mock.Stats().Total(); st.Embeddings != 2 {
 		t.Fatalf("the embeddings endpoint was called %d times", st.Embeddings)
 	}
 	var embedder string
