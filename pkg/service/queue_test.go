@@ -103,6 +103,8 @@ func TestQueuePositionsMoveDown(t *testing.T) {
 			}
 		}
 	}
+	// The 10th task counts itself just after its stream saw it complete.
+	waitFor(t, 5*time.Second, "the 10th task to return", func() bool { return h.done.Load() >= 10 })
 	if got := h.done.Load(); got != 10 {
 		t.Fatalf("%d tasks ran, want 10", got)
 	}
