@@ -12,7 +12,6 @@ import (
 
 	"bulwark/pkg/alert"
 	"bulwark/pkg/cache"
-	"bulwark/pkg/history"
 	"bulwark/pkg/intake"
 	"bulwark/pkg/job"
 	"bulwark/pkg/keypool"
@@ -192,13 +191,6 @@ func (t tenantLimiter) Allow(ctx context.Context, tenant string, perMinute int) 
 		return false, 0, fmt.Errorf("tenant limit: %w", err)
 	}
 	return res.Allowed > 0, res.RetryAfter, nil
-}
-
-// historyReader adapts history for the API.
-type historyReader struct{ h *history.Store }
-
-func (r historyReader) Get(ctx context.Context, id string) (*history.Row, error) {
-	return r.h.Get(ctx, id)
 }
 
 // readState gathers the shared state gauges for a scrape.

@@ -50,7 +50,7 @@ func (b *Base) API() (http.Handler, *progress.Hub) {
 		Tenants: tenants(cfg), AdminToken: cfg.Server.AdminToken, MaxBodyBytes: cfg.Server.MaxBodyBytes,
 		SyncTimeout: cfg.Server.SyncTimeout,
 	}, httpapi.Deps{
-		Intake: in, Jobs: b.Jobs, Queue: b.Queue, Hub: hub, History: historyReader{b.History},
+		Intake: in, Jobs: b.Jobs, Queue: b.Queue, Hub: hub, History: b.History,
 		Keys: keyAdmin{b}, Breakers: b.Breakers, Cache: cacheAdmin, Reporter: reporter{b},
 		Models: NewModels(cfg), Metrics: b.MetricsHandler(), Queues: mon,
 		Ready: map[string]httpapi.Pinger{
