@@ -11,10 +11,6 @@ import (
 )
 
 func (s *Server) adminKeys(c *gin.Context) {
-	if s.d.Keys == nil {
-		apiError(c, http.StatusNotFound, "not_found", "", "no key pool")
-		return
-	}
 	keys, err := s.d.Keys.Snapshot(c.Request.Context())
 	if err != nil {
 		s.d.Logger.Error("admin: key snapshot", "err", err)
@@ -25,10 +21,6 @@ func (s *Server) adminKeys(c *gin.Context) {
 }
 
 func (s *Server) adminEnableKey(c *gin.Context) {
-	if s.d.Keys == nil {
-		apiError(c, http.StatusNotFound, "not_found", "", "no key pool")
-		return
-	}
 	if err := s.d.Keys.Enable(c.Request.Context(), c.Param("id")); err != nil {
 		apiError(c, http.StatusNotFound, "not_found", "id", err.Error())
 		return
@@ -37,10 +29,6 @@ func (s *Server) adminEnableKey(c *gin.Context) {
 }
 
 func (s *Server) adminDisableKey(c *gin.Context) {
-	if s.d.Keys == nil {
-		apiError(c, http.StatusNotFound, "not_found", "", "no key pool")
-		return
-	}
 	reason := c.Query("reason")
 	if reason == "" {
 		reason = "disabled by an operator"
@@ -53,10 +41,6 @@ func (s *Server) adminDisableKey(c *gin.Context) {
 }
 
 func (s *Server) adminBreakers(c *gin.Context) {
-	if s.d.Breakers == nil {
-		apiError(c, http.StatusNotFound, "not_found", "", "no breakers")
-		return
-	}
 	list, err := s.d.Breakers.List(c.Request.Context())
 	if err != nil {
 		s.d.Logger.Error("admin: breakers", "err", err)
@@ -67,10 +51,6 @@ func (s *Server) adminBreakers(c *gin.Context) {
 }
 
 func (s *Server) adminResetBreaker(c *gin.Context) {
-	if s.d.Breakers == nil {
-		apiError(c, http.StatusNotFound, "not_found", "", "no breakers")
-		return
-	}
 	if err := s.d.Breakers.Reset(c.Request.Context(), c.Param("name")); err != nil {
 		apiError(c, http.StatusBadRequest, "invalid_request", "name", err.Error())
 		return
@@ -88,10 +68,6 @@ type invalidateBody struct {
 }
 
 func (s *Server) adminInvalidate(c *gin.Context) {
-	if s.d.Cache == nil {
-		apiError(c, http.StatusNotFound, "not_found", "", "the cache is disabled")
-		return
-	}
 	var b invalidateBody
 	if !decodeJSON(c, &b) {
 		return
@@ -118,10 +94,6 @@ func (s *Server) adminInvalidate(c *gin.Context) {
 }
 
 func (s *Server) adminReport(c *gin.Context) {
-	if s.d.Reporter == nil {
-		apiError(c, http.StatusNotFound, "not_found", "", "reports are not configured")
-		return
-	}
 	to := time.Now()
 	from := to.Add(-24 * time.Hour)
 	if v := c.Query("from"); v != "" {

@@ -150,13 +150,23 @@ func New(cfg Config, d Deps) http.Handler {
 	}
 
 	admin := r.Group("/admin", s.adminAuth)
-	admin.GET("/keys", s.adminKeys)
-	admin.POST("/keys/:id/enable", s.adminEnableKey)
-	admin.POST("/keys/:id/disable", s.adminDisableKey)
-	admin.GET("/breakers", s.adminBreakers)
-	admin.POST("/breakers/:name/reset", s.adminResetBreaker)
-	admin.POST("/cache/invalidate", s.adminInvalidate)
-	admin.GET("/report", s.adminReport)
+	// An admin endpoint exists only when its part is configured; otherwise
+	// it answers 404 like any unknown path.
+	if d.Keys != nil {
+		admin.GET("/keys", s.adminKeys)
+		admin.POST("/keys/:id/enable", s.adminEnableKey)
+		admin.POST("/keys/:id/disable", s.adminDisableKey)
+	}
+	if d.Breakers != nil {
+		admin.GET("/breakers", s.adminBreakers)
+		admin.POST("/breakers/:name/reset", s.adminResetBreaker)
+	}
+	if d.Cache != nil {
+		admin.POST("/cache/invalidate", s.adminInvalidate)
+	}
+	if d.Reporter != nil {
+		admin.GET("/report", s.adminReport)
+	}
 	if d.Queues != nil {
 		admin.Any("/queues/*path", gin.WrapH(d.Queues))
 		admin.GET("/queues", gin.WrapH(d.Queues))
