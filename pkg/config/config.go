@@ -12,6 +12,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"time"
 
@@ -314,7 +315,7 @@ func Parse(doc []byte, lookup func(string) (string, bool)) (*Config, error) {
 	var c Config
 	dec := yaml.NewDecoder(bytes.NewReader(expanded))
 	dec.KnownFields(true)
-	if err := dec.Decode(&c); err != nil && !errors.Is(err, errEOF) {
+	if err := dec.Decode(&c); err != nil && !errors.Is(err, io.EOF) /* an empty document means all defaults */ {
 		return nil, fmt.Errorf("decode: %w", err)
 	}
 	c.setDefaults()

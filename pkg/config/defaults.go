@@ -1,13 +1,10 @@
 package config
 
 import (
-	"io"
 	"time"
 
 	"bulwark/pkg/priority"
 )
-
-var errEOF = io.EOF // an empty document decodes to all defaults
 
 // Defaults of the design document; see each field's comment.
 const (

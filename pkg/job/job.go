@@ -105,7 +105,6 @@ const (
 	EventRetrying  EventType = "retrying"
 	EventFallback  EventType = "fallback"
 	EventWaiting   EventType = "waiting"
-	EventDegraded  EventType = "degraded"
 	EventCompleted EventType = "completed"
 	EventFailed    EventType = "failed"
 	EventCancelled EventType = "cancelled"

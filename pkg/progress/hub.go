@@ -126,17 +126,6 @@ func (s *Sub) Close() {
 // subscriber; it must then replay from the store.
 func (s *Sub) Lagged() bool { return s.lagged.Swap(false) }
 
-// Count returns the number of live subscriptions (metrics, tests).
-func (h *Hub) Count() int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	n := 0
-	for _, m := range h.subs {
-		n += len(m)
-	}
-	return n
-}
-
 func (h *Hub) deliver(id string, ev job.Event) {
 	h.mu.Lock()
 	defer h.mu.Unlock()

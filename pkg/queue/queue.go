@@ -320,12 +320,6 @@ func (q *Queue) Cancel(ctx context.Context, id string, p priority.Priority) (boo
 	return true, nil
 }
 
-// Pause stops workers from taking tasks of p (tests, operators).
-func (q *Queue) Pause(p priority.Priority) error { return q.inspector.PauseQueue(Name(p)) }
-
-// Unpause resumes p.
-func (q *Queue) Unpause(p priority.Priority) error { return q.inspector.UnpauseQueue(Name(p)) }
-
 // OldestPending returns, per priority, the id of the request that has
 // waited longest (the next to run); the caller reads its creation time.
 func (q *Queue) OldestPending(ctx context.Context) (map[priority.Priority]string, error) {
