@@ -10,9 +10,11 @@ import (
 const epsilon = 1e-9
 
 // bucket is a continuously refilling token bucket: capacity tokens, refilled
-// at rate tokens per second. A nil *bucket is unlimited: it always admits,
-// never charges and reports nothing. Not safe for concurrent use; the
-// Server's mutex guards every bucket.
+// at rate tokens per second. Its level may go below zero: a cost above the
+// capacity is admitted on credit when the bucket is full (see need), and the
+// debt is refilled like any other shortfall. A nil *bucket is unlimited: it
+// always admits, never charges and reports nothing. Not safe for concurrent
+// use; the Server's mutex guards every bucket.
 type bucket struct {
 	capacity float64
 	rate     float64 // tokens per second
@@ -20,14 +22,17 @@ type bucket struct {
 	last     time.Time // when level was last brought up to date
 }
 
-// newPerMinuteBucket returns a full bucket of perMinute tokens that refills
-// perMinute/60 tokens per second, or nil (unlimited) when perMinute is 0.
-func newPerMinuteBucket(perMinute int, now time.Time) *bucket {
+// newBucket returns a full bucket for a limit of perMinute that holds
+// window's share of it (perMinute × window/1m, at least floor) and refills
+// perMinute/60 tokens per second; nil (unlimited) when perMinute is 0.
+func newBucket(perMinute int, window time.Duration, floor float64, now time.Time) *bucket {
 	if perMinute <= 0 {
 		return nil
 	}
-	c := float64(perMinute)
-	return &bucket{capacity: c, rate: c / 60, level: c, last: now}
+	// Multiply before dividing so a one-minute window holds exactly
+	// perMinute, with no float residue in the limit headers.
+	c := max(floor, float64(perMinute)*window.Seconds()/60)
+	return &bucket{capacity: c, rate: float64(perMinute) / 60, level: c, last: now}
 }
 
 // refill brings the level up to date at now. A clock that steps back is
@@ -47,16 +52,31 @@ func (b *bucket) fits(cost float64) bool {
 	return b == nil || cost <= b.capacity+epsilon
 }
 
-// wait returns how long until the bucket holds cost tokens (0 when it does
-// now). The bucket must have been refilled at now, and cost must fit.
-func (b *bucket) wait(cost float64) time.Duration {
-	if b == nil || b.level+epsilon >= cost {
-		return 0
-	}
-	return secondsToDuration((cost - b.level) / b.rate)
+// need is the level at which cost is admitted: cost itself, or a full
+// bucket when cost is above the capacity. Without the second rule a
+// short-window bucket could never admit a request that the per-minute limit
+// allows (a 5,000-token call on a 1,000-token window); with it the request
+// goes when nothing else has used the window, and the debt it leaves makes
+// the next calls wait as long as its size warrants.
+func (b *bucket) need(cost float64) float64 {
+	return math.Min(cost, b.capacity)
 }
 
-// take removes cost tokens; the caller checked wait() == 0.
+// wait returns how long until the bucket admits cost (0 when it does now).
+// The bucket must have been refilled at now.
+func (b *bucket) wait(cost float64) time.Duration {
+	if b == nil {
+		return 0
+	}
+	need := b.need(cost)
+	if b.level+epsilon >= need {
+		return 0
+	}
+	return secondsToDuration((need - b.level) / b.rate)
+}
+
+// take removes cost tokens, possibly below zero; the caller checked
+// wait() == 0.
 func (b *bucket) take(cost float64) {
 	if b != nil {
 		b.level -= cost
@@ -88,52 +108,102 @@ func (b *bucket) state() state {
 		limited:   true,
 		limit:     int(b.capacity),
 		remaining: int(math.Floor(lvl + epsilon)),
-		reset:     secondsToDuration((b.capacity - lvl) / b.rate),
+		reset:     secondsToDuration((b.capacity - b.level) / b.rate), // a debt delays it too
 	}
 }
 
 // secondsToDuration converts seconds to a Duration, rounding up to the next
-// nanosecond so a wait computed from it is never short.
+// nanosecond so a wait computed from it is never short. Float residue (a
+// relative 1e-16 or so) is dropped first, or 4.001 s would come out as
+// 4.001000001 s and a retry-after-ms of 4002; the 1e-12 allowance is under
+// 0.1 ns for any wait the buckets produce (at most a minute).
 func secondsToDuration(s float64) time.Duration {
 	if s <= 0 {
 		return 0
 	}
-	return time.Duration(math.Ceil(s * float64(time.Second)))
+	ns := s * float64(time.Second)
+	return time.Duration(math.Ceil(ns - ns*1e-12))
 }
 
-// limiter is the pair of buckets of one (endpoint, key).
+// meter is one per-minute limit seen two ways, as the providers show it.
+// window enforces it: a bucket holding Config.Window's share of the limit,
+// because providers quantize ("60,000 requests/minute may be enforced as
+// 1,000 requests/second"). minute is what the headers report: a bucket of
+// the whole per-minute limit, charged, credited and refilled exactly like
+// window, since providers report limit/remaining/reset against the
+// per-minute figure. Both are nil when the limit is 0.
+//
+// Only window decides admission. minute never disagrees: both start full,
+// get the same charges, credits and refill, and window's smaller capacity
+// only ever clips more, so minute's level stays at least window's plus the
+// difference of the capacities.
+type meter struct {
+	window *bucket
+	minute *bucket
+}
+
+func newMeter(perMinute int, window time.Duration, floor float64, now time.Time) meter {
+	return meter{
+		window: newBucket(perMinute, window, floor, now),
+		minute: newBucket(perMinute, time.Minute, 0, now),
+	}
+}
+
+func (m meter) refill(now time.Time) {
+	m.window.refill(now)
+	m.minute.refill(now)
+}
+
+func (m meter) take(n float64) {
+	m.window.take(n)
+	m.minute.take(n)
+}
+
+func (m meter) give(n float64) {
+	m.window.give(n)
+	m.minute.give(n)
+}
+
+// limiter is the request and token meters of one (endpoint, key).
 type limiter struct {
-	rpm *bucket
-	tpm *bucket
+	requests meter
+	tokens   meter
 }
 
-func newLimiter(l Limits, now time.Time) *limiter {
-	return &limiter{rpm: newPerMinuteBucket(l.RPM, now), tpm: newPerMinuteBucket(l.TPM, now)}
+// newLimiter builds full meters for l. The request window holds at least
+// one request, or a key under 60 RPM (with a 1 s window) could never be
+// called at all.
+func newLimiter(l Limits, window time.Duration, now time.Time) *limiter {
+	return &limiter{
+		requests: newMeter(l.RPM, window, 1, now),
+		tokens:   newMeter(l.TPM, window, 0, now),
+	}
 }
 
 // verdict is the outcome of an admission attempt.
 type verdict struct {
 	ok bool
-	// retryAfter is the time until both buckets would have room, when !ok
-	// and the request can ever fit.
+	// retryAfter is the time until both window buckets would admit the
+	// request, when !ok and the request can ever fit.
 	retryAfter time.Duration
 	// limitedBy names the bucket that refused: "requests" or "tokens" (the
 	// requests bucket when both do).
 	limitedBy string
-	// tooLarge: the token cost exceeds the TPM capacity, so no wait helps.
+	// tooLarge: the token cost exceeds the per-minute TPM itself, so no
+	// wait helps.
 	tooLarge bool
 }
 
-// admit charges one request and tokens tokens when both buckets have room,
-// and charges nothing otherwise.
+// admit charges one request and tokens tokens when both window buckets
+// admit them, and charges nothing otherwise.
 func (l *limiter) admit(now time.Time, tokens int) verdict {
-	l.rpm.refill(now)
-	l.tpm.refill(now)
+	l.requests.refill(now)
+	l.tokens.refill(now)
 	cost := float64(tokens)
-	if !l.tpm.fits(cost) {
+	if !l.tokens.minute.fits(cost) {
 		return verdict{limitedBy: "tokens", tooLarge: true}
 	}
-	wr, wt := l.rpm.wait(1), l.tpm.wait(cost)
+	wr, wt := l.requests.window.wait(1), l.tokens.window.wait(cost)
 	if wr > 0 || wt > 0 {
 		by := "tokens"
 		if wr > 0 {
@@ -141,22 +211,23 @@ func (l *limiter) admit(now time.Time, tokens int) verdict {
 		}
 		return verdict{retryAfter: max(wr, wt), limitedBy: by}
 	}
-	l.rpm.take(1)
-	l.tpm.take(cost)
+	l.requests.take(1)
+	l.tokens.take(cost)
 	return verdict{ok: true}
 }
 
-// credit returns n unused tokens to the TPM bucket.
+// credit returns n unused tokens to the token meter.
 func (l *limiter) credit(now time.Time, n int) {
-	l.tpm.refill(now)
-	l.tpm.give(float64(n))
+	l.tokens.refill(now)
+	l.tokens.give(float64(n))
 }
 
-// snapshot reads both buckets at now.
+// snapshot reads the per-minute view at now, which is what the headers
+// report.
 func (l *limiter) snapshot(now time.Time) snapshot {
-	l.rpm.refill(now)
-	l.tpm.refill(now)
-	return snapshot{now: now, requests: l.rpm.state(), tokens: l.tpm.state()}
+	l.requests.refill(now)
+	l.tokens.refill(now)
+	return snapshot{now: now, requests: l.requests.minute.state(), tokens: l.tokens.minute.state()}
 }
 
 // snapshot is the state the rate-limit headers of one response report.

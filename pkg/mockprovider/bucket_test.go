@@ -14,41 +14,51 @@ func TestBucket(t *testing.T) {
 	tests := []struct {
 		name      string
 		perMinute int
+		window    time.Duration
 		take      float64       // taken at t0
 		after     time.Duration // then refilled at t0+after
 		cost      float64
 		wantWait  time.Duration
 		wantLeft  int
+		wantLimit int
 		wantReset time.Duration
 	}{
-		{"full bucket admits", 60, 0, 0, 1, 0, 60, 0},
-		{"empty waits one refill step", 60, 60, 0, 1, time.Second, 0, time.Minute},
-		{"refills continuously", 60, 60, 500 * time.Millisecond, 1, 500 * time.Millisecond, 0, 59500 * time.Millisecond},
-		{"never above capacity", 60, 10, time.Hour, 60, 0, 60, 0},
-		{"token cost", 600, 600, 2 * time.Second, 50, 3 * time.Second, 20, 58 * time.Second},
+		{"full bucket admits", 60, time.Minute, 0, 0, 1, 0, 60, 60, 0},
+		{"empty waits one refill step", 60, time.Minute, 60, 0, 1, time.Second, 0, 60, time.Minute},
+		{"refills continuously", 60, time.Minute, 60, 500 * time.Millisecond, 1, 500 * time.Millisecond, 0, 60, 59500 * time.Millisecond},
+		{"never above capacity", 60, time.Minute, 10, time.Hour, 60, 0, 60, 60, 0},
+		{"token cost", 600, time.Minute, 600, 2 * time.Second, 50, 3 * time.Second, 20, 600, 58 * time.Second},
+		{"one second holds limit/60", 120, time.Second, 0, 0, 2, 0, 2, 2, 0},
+		{"one second refills at limit/60", 120, time.Second, 2, 0, 1, 500 * time.Millisecond, 0, 2, time.Second},
+		{"one second never above its share", 120, time.Second, 1, time.Hour, 2, 0, 2, 2, 0},
+		{"cost above capacity waits for a full bucket", 60000, time.Second, 400, 0, 5000, 400 * time.Millisecond, 600, 1000, 400 * time.Millisecond},
+		{"debt is refilled before the bucket admits again", 60000, time.Second, 5000, 0, 10, 4010 * time.Millisecond, 0, 1000, 5 * time.Second},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			b := newPerMinuteBucket(tt.perMinute, t0)
+			b := newBucket(tt.perMinute, tt.window, 0, t0)
 			b.take(tt.take)
 			b.refill(t0.Add(tt.after))
 			if got := b.wait(tt.cost); got != tt.wantWait {
 				t.Errorf("wait = %s, want %s", got, tt.wantWait)
 			}
 			st := b.state()
-			if st.remaining != tt.wantLeft || st.reset != tt.wantReset || st.limit != tt.perMinute {
-				t.Errorf("state = %+v, want remaining %d reset %s limit %d", st, tt.wantLeft, tt.wantReset, tt.perMinute)
+			if st.remaining != tt.wantLeft || st.reset != tt.wantReset || st.limit != tt.wantLimit {
+				t.Errorf("state = %+v, want remaining %d reset %s limit %d", st, tt.wantLeft, tt.wantReset, tt.wantLimit)
 			}
 		})
 	}
-	if b := newPerMinuteBucket(0, t0); b != nil || b.wait(1e9) != 0 || !b.fits(1e9) || b.state().limited {
+	if b := newBucket(0, time.Second, 1, t0); b != nil || b.wait(1e9) != 0 || !b.fits(1e9) || b.state().limited {
 		t.Error("a zero limit must be an unlimited (nil) bucket")
+	}
+	if b := newBucket(3, time.Second, 1, t0); b.capacity != 1 || b.rate != 0.05 {
+		t.Errorf("3 RPM over 1 s = capacity %v rate %v, want the floor of 1 at 0.05/s", b.capacity, b.rate)
 	}
 }
 
 func TestRPMBucketClaude(t *testing.T) {
 	t.Parallel()
-	b := setup(t, Config{DefaultLimits: Limits{RPM: 3}})
+	b := setup(t, Config{DefaultLimits: Limits{RPM: 3}, Window: time.Minute})
 	for range 3 {
 		wantStatus(t, b.claude(t, "k", claudeText("hi", 10)), http.StatusOK)
 	}
@@ -88,7 +98,7 @@ func TestRPMBucketClaude(t *testing.T) {
 
 func TestRPMBucketOpenAI(t *testing.T) {
 	t.Parallel()
-	b := setup(t, Config{DefaultLimits: Limits{RPM: 4, TPM: 100000}})
+	b := setup(t, Config{DefaultLimits: Limits{RPM: 4, TPM: 100000}, Window: time.Minute})
 	for range 4 {
 		wantStatus(t, b.chat(t, "k", chatText("hi", 10)), http.StatusOK)
 	}
@@ -122,7 +132,7 @@ func TestRPMBucketOpenAI(t *testing.T) {
 func TestTPMBucketAdmissionAndCreditBack(t *testing.T) {
 	t.Parallel()
 	const tpm = 600 // 10 tokens/s
-	b := setup(t, Config{DefaultLimits: Limits{TPM: tpm}})
+	b := setup(t, Config{DefaultLimits: Limits{TPM: tpm}, Window: time.Minute})
 	prompt := strings.Repeat("x", 40) // 10 input tokens
 	in, out := CountTokens(prompt), CountTokens(Reply(prompt))
 
@@ -164,8 +174,8 @@ func TestTPMBucketAdmissionAndCreditBack(t *testing.T) {
 
 func TestTPMBucketOpenAI(t *testing.T) {
 	t.Parallel()
-	b := setup(t, Config{DefaultLimits: Limits{TPM: 1200}}) // 20 tokens/s
-	prompt := strings.Repeat("y", 400)                      // 100 tokens
+	b := setup(t, Config{DefaultLimits: Limits{TPM: 1200}, Window: time.Minute}) // 20 tokens/s
+	prompt := strings.Repeat("y", 400)                                           // 100 tokens
 	out := CountTokens(Reply(prompt))
 
 	wantStatus(t, b.chat(t, "k", chatText(prompt, 1000)), http.StatusOK)
@@ -213,7 +223,7 @@ func TestLimitsPerKeyAndEndpoint(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{
 		DefaultLimits: Limits{RPM: 1},
-		Keys:          map[string]Limits{"big": {RPM: 5}, "free": {}},
+		Keys:          map[string]Limits{"big": {RPM: 300}, "free": {}}, // 300 RPM: 5 a second
 	})
 	wantStatus(t, b.claude(t, "small", claudeText("x", 5)), http.StatusOK)
 	wantStatus(t, b.claude(t, "small", claudeText("x", 5)), http.StatusTooManyRequests)
@@ -238,8 +248,8 @@ func TestLimitsPerKeyAndEndpoint(t *testing.T) {
 
 func TestConcurrentAdmissionIsExact(t *testing.T) {
 	t.Parallel()
-	const rpm, callers = 25, 100
-	b := setup(t, Config{DefaultLimits: Limits{RPM: rpm}})
+	const perWindow, callers = 25, 100
+	b := setup(t, Config{DefaultLimits: Limits{RPM: 60 * perWindow}}) // 25 in the default 1 s window
 	var wg sync.WaitGroup
 	statuses := make(chan int, callers)
 	for i := range callers {
@@ -257,8 +267,8 @@ func TestConcurrentAdmissionIsExact(t *testing.T) {
 	for s := range statuses {
 		count[s]++
 	}
-	if count[200] != rpm || count[429] != callers-rpm {
-		t.Errorf("statuses = %v, want %d × 200 and %d × 429", count, rpm, callers-rpm)
+	if count[200] != perWindow || count[429] != callers-perWindow {
+		t.Errorf("statuses = %v, want %d × 200 and %d × 429", count, perWindow, callers-perWindow)
 	}
 }
 

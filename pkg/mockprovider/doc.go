@@ -9,8 +9,8 @@
 //	POST   /v1/messages          Anthropic; x-api-key (or Bearer) and anthropic-version required
 //	POST   /v1/chat/completions  OpenAI; Authorization: Bearer <key>
 //	POST   /v1/embeddings        OpenAI; input string or []string, optional dimensions
-//	GET    /mock/stats           Stats as JSON
-//	POST   /mock/reset           zero the counters, refill every bucket
+//	GET    /mock/stats           Stats as JSON (counters and in-flight gauges)
+//	POST   /mock/reset           zero the counters and in-flight maxima, refill every bucket
 //	GET    /mock/faults          faults in force
 //	POST   /mock/faults          add a Fault: {"provider","key_fingerprint","mode","count","retry_after":"2s"}
 //	DELETE /mock/faults          remove every fault
@@ -43,24 +43,78 @@
 //
 // # Rate limits
 //
-// Each (endpoint, key) has an RPM bucket and a TPM bucket (Limits), full at
-// start and refilled continuously at capacity/60 per second. Admission
-// charges 1 request and input_tokens + max_tokens tokens (OpenAI without
-// max_tokens: OpenAIMaxTokensDefault); after the answer, max_tokens minus
-// the output tokens is credited back. When either bucket lacks room the
-// answer is 429 and nothing is charged; retry-after is the time until both
-// would have room, in whole seconds rounded up (OpenAI adds
-// retry-after-ms). A request whose token cost exceeds TPM itself can never
-// pass: it gets 429 "request too large" without retry-after.
+// Each (endpoint, key) has a request limit (RPM) and a token limit (TPM)
+// (Limits), metered the way the providers document it:
 //
-// Every answer to an authenticated request, 200 or not, carries the key's
-// headers: Anthropic anthropic-ratelimit-{requests,tokens,input-tokens,
-// output-tokens}-{limit,remaining,reset} (resets RFC 3339; the single token
-// bucket is reported under all three token names), OpenAI
-// x-ratelimit-{limit,remaining,reset}-{requests,tokens} (resets as
-// durations such as "1s", "6m0s", "120ms"). Remaining counts are exact, not
-// rounded. An unlimited bucket sends no headers. Request ids go in
-// request-id (Anthropic) and x-request-id (OpenAI).
+//   - Enforcement is quantized. OpenAI: "Rate limits can be quantized,
+//     meaning they are enforced over shorter periods of time (e.g. 60,000
+//     requests/minute may be enforced as 1,000 requests/second). Sending
+//     short bursts of requests or contexts (prompts+max_tokens) that are too
+//     long can lead to rate limit errors, even when you are technically
+//     below the rate limit per minute" (OpenAI Help Center, "How can I
+//     solve 429: 'Too Many Requests' errors?",
+//     https://help.openai.com/en/articles/6891753). Anthropic: limits are
+//     enforced with a token bucket whose capacity is replenished
+//     continuously up to the maximum rather than reset at fixed intervals,
+//     and a limit of 60 RPM may be enforced as 1 request per second, so
+//     short bursts can exceed it (https://platform.claude.com/docs/en/api/rate-limits,
+//     formerly docs.anthropic.com/en/api/rate-limits). The mock therefore
+//     enforces each limit with a continuously refilled bucket holding
+//     Config.Window's share of it (default WindowDefault, 1 s): RPM ×
+//     Window/1m requests, at least 1, and TPM × Window/1m tokens, each
+//     refilled at limit/60 per second. A 120-RPM key takes 2 calls at once,
+//     then one every 500 ms. Window = time.Minute gives whole-minute
+//     buckets (burst = RPM), which no provider promises.
+//   - Output is reserved from max_tokens at admission and settled after the
+//     answer. Anthropic estimates output tokens from max_tokens at the
+//     start of a request and adjusts the estimate to the real output at the
+//     end (same page); OpenAI estimates usage from max_tokens (help article
+//     above). The mock charges 1 request and input_tokens + max_tokens
+//     tokens at admission (OpenAI without max_tokens:
+//     OpenAIMaxTokensDefault) and credits max_tokens minus the output
+//     tokens back after the answer. It keeps one token bucket per key,
+//     where Anthropic has separate input and output limits.
+//   - Limits apply per model on both providers; the mock limits each
+//     endpoint separately.
+//   - A request costing more tokens than the window holds but no more than
+//     TPM passes when the window's bucket is full, and leaves the bucket in
+//     debt (a negative level, refilled at TPM/60 per second) that later
+//     requests wait out: with TPM 60,000 a 5,000-token call passes on a
+//     full 1,000-token bucket, and the next call waits about 4 s. A request
+//     above TPM itself can never pass: 429 "request too large" without
+//     retry-after.
+//   - A refused request gets 429 and is charged nothing; retry-after is the
+//     time until both buckets would admit it, in whole seconds rounded up,
+//     as both providers send it (OpenAI adds retry-after-ms).
+//
+// The headers keep the providers' per-minute view, which is not what
+// enforces. Both providers report the per-minute limit and the remaining
+// budget and reset of that limit: Anthropic
+// anthropic-ratelimit-{requests,tokens,input-tokens,output-tokens}-{limit,remaining,reset}
+// with RFC 3339 resets; OpenAI x-ratelimit-{limit,remaining,reset}-{requests,tokens}
+// where reset is "the time until the rate limit resets to its initial
+// state" as a duration ("1s", "6m0s"; OpenAI rate limits guide,
+// https://platform.openai.com/docs/guides/rate-limits). So each (endpoint,
+// key) also keeps a per-minute bucket per limit, charged, credited and
+// refilled exactly like the enforcing one but holding the whole limit, and
+// the headers report it: limit = RPM or TPM, remaining and reset of that
+// bucket. Remaining may therefore say 118 while a third call in the same
+// second gets 429 at 120 RPM. That is the real behaviour, and why a client
+// that paces by remaining alone is not enough. Every answer to an
+// authenticated request, 200 or not, carries the key's headers (the single
+// token bucket is reported under all three Anthropic token names).
+// Remaining counts are exact, not rounded. An unlimited limit sends no
+// headers. Request ids go in request-id (Anthropic) and x-request-id
+// (OpenAI).
+//
+// # Stats
+//
+// Stats (GET /mock/stats) counts answers per key fingerprint and per
+// provider, and gauges the calls in flight: from admission by the buckets
+// until the answer is written. in_flight is the number now and
+// max_in_flight the most at once since the last reset, over all keys
+// (top level), per key and per provider. Load tests read max_in_flight to
+// check a global concurrency cap from the provider's side.
 //
 // # Faults
 //

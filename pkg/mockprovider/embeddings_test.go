@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -87,7 +88,7 @@ type embeddingsReply struct {
 
 func TestEmbeddingsEndpoint(t *testing.T) {
 	t.Parallel()
-	b := setup(t, Config{DefaultLimits: Limits{RPM: 100, TPM: 1000}})
+	b := setup(t, Config{DefaultLimits: Limits{RPM: 100, TPM: 1000}, Window: time.Minute})
 	inputs := []string{"brake warning on car 17", "OTA failed"}
 	r := b.embed(t, "k", map[string]any{"model": "text-embedding-3-small", "input": inputs})
 	wantStatus(t, r, http.StatusOK)

@@ -230,7 +230,7 @@ func TestFaultTimeout(t *testing.T) {
 
 func TestLatency(t *testing.T) {
 	t.Parallel()
-	b := setup(t, Config{DefaultLimits: Limits{RPM: 60, TPM: 6000}})
+	b := setup(t, Config{DefaultLimits: Limits{RPM: 60, TPM: 6000}, Window: time.Minute})
 	r := b.do(t, http.MethodPost, "/mock/latency", nil, `{"latency":"40ms"}`)
 	wantStatus(t, r, http.StatusOK)
 	if m := r.json(t); m["latency"] != "40ms" || m["jitter"] != "0s" {

@@ -30,7 +30,9 @@ func openAIClient(b *bundle, key string) openai.Client {
 func TestAnthropicSDK(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t, Config{DefaultLimits: Limits{RPM: 3, TPM: 100000}})
+	// 180 RPM over the default 1 s window: 3 calls at once, then one
+	// every 1/3 s.
+	b := setup(t, Config{DefaultLimits: Limits{RPM: 180, TPM: 100000}})
 	c := anthropicClient(b, "sk-ant-sdk")
 	prompt := "check fetch_logs for car 17"
 	params := anthropic.MessageNewParams{
@@ -66,15 +68,15 @@ func TestAnthropicSDK(t *testing.T) {
 		t.Errorf("result round answer = %+v", msg)
 	}
 
-	// Third request uses the last RPM slot; the fourth is a 429 the SDK
-	// surfaces with its type.
+	// Third request uses the last slot of the window; the fourth is a 429
+	// the SDK surfaces with its type.
 	if _, err := c.Messages.New(ctx, params); err != nil {
 		t.Fatal(err)
 	}
 	_, err = c.Messages.New(ctx, params)
 	var apiErr *anthropic.Error
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != http.StatusTooManyRequests || apiErr.Type() != "rate_limit_error" ||
-		apiErr.Response.Header.Get("retry-after") != "20" || apiErr.RequestID == "" {
+		apiErr.Response.Header.Get("retry-after") != "1" || apiErr.RequestID == "" {
 		t.Errorf("rate limited: err = %v", err)
 	}
 
@@ -98,7 +100,7 @@ func TestAnthropicSDK(t *testing.T) {
 func TestOpenAISDK(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	b := setup(t, Config{DefaultLimits: Limits{RPM: 100, TPM: 100000}})
+	b := setup(t, Config{DefaultLimits: Limits{RPM: 600, TPM: 100000}}) // 10 calls a 1 s window
 	c := openAIClient(b, "sk-openai-sdk")
 	prompt := "run fetch_logs and search_kb"
 	params := openai.ChatCompletionNewParams{

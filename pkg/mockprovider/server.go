@@ -28,18 +28,28 @@ const (
 	OpenAIMaxTokensDefault = 1024
 	// MaxBodyBytes bounds a request body; larger ones get 413.
 	MaxBodyBytes = 32 << 20
+	// WindowDefault is the enforcement window when Config.Window is 0: a
+	// key's buckets hold one second of its per-minute limits, the
+	// quantization both providers describe (60 RPM enforced as 1 request
+	// per second).
+	WindowDefault = time.Second
+	// WindowMax bounds Config.Window: a whole minute is the unquantized
+	// per-minute bucket.
+	WindowMax = time.Minute
 )
 
 // Limits are the rate limits of one API key on one endpoint. A zero field
-// means unlimited.
+// means unlimited. They are enforced over Config.Window, not over a whole
+// minute (see the package doc, "Rate limits").
 type Limits struct {
-	// RPM is requests per minute: the capacity of the request bucket, which
-	// refills RPM/60 per second, continuously.
+	// RPM is requests per minute. The request bucket holds RPM ×
+	// Window/1m requests (at least 1) and refills RPM/60 per second,
+	// continuously; the headers report RPM as the limit.
 	RPM int `json:"rpm"`
-	// TPM is tokens per minute: the capacity of the token bucket, which
-	// refills TPM/60 per second. A request costs input_tokens + max_tokens
-	// at admission; the unused part of max_tokens is credited back after
-	// the answer.
+	// TPM is tokens per minute. The token bucket holds TPM × Window/1m
+	// tokens and refills TPM/60 per second. A request costs input_tokens +
+	// max_tokens at admission; the unused part of max_tokens is credited
+	// back after the answer. A request above TPM itself never passes.
 	TPM int `json:"tpm"`
 }
 
@@ -61,6 +71,13 @@ type Config struct {
 	// EmbeddingDims is the default embedding length. Default
 	// EmbeddingDimsDefault (256), at most EmbeddingDimsMax.
 	EmbeddingDims int
+	// Window is the enforcement window of every limited key: its buckets
+	// hold Window's share of the per-minute limits (RPM × Window/1m, at
+	// least one request), so a 120-RPM key takes 2 calls at once with the
+	// default, not 120. Default WindowDefault (1 s); at most WindowMax.
+	// time.Minute gives whole-minute buckets (burst = RPM), the mock's
+	// behaviour before quantization was modelled.
+	Window time.Duration
 	// Now is the clock of the buckets and of the reset headers. Default
 	// time.Now; tests pass a fake clock so bucket tests need no sleeping.
 	Now func() time.Time
@@ -72,6 +89,9 @@ type Config struct {
 func (c *Config) withDefaults() {
 	if c.EmbeddingDims == 0 {
 		c.EmbeddingDims = EmbeddingDimsDefault
+	}
+	if c.Window == 0 {
+		c.Window = WindowDefault
 	}
 	if c.Now == nil {
 		c.Now = time.Now
@@ -101,6 +121,9 @@ func (c *Config) validate() error {
 	}
 	if c.EmbeddingDims < 1 || c.EmbeddingDims > EmbeddingDimsMax {
 		return fmt.Errorf("mockprovider: Config.EmbeddingDims %d: want 1..%d", c.EmbeddingDims, EmbeddingDimsMax)
+	}
+	if c.Window <= 0 || c.Window > WindowMax {
+		return fmt.Errorf("mockprovider: Config.Window %s: want > 0 and <= %s (0 = default %s)", c.Window, WindowMax, WindowDefault)
 	}
 	return nil
 }
@@ -137,8 +160,9 @@ type Server struct {
 	now     func() time.Time
 	log     *slog.Logger
 	dims    int
-	latency atomic.Int64 // time.Duration
-	jitter  atomic.Int64 // time.Duration
+	window  time.Duration // Config.Window; read-only after New
+	latency atomic.Int64  // time.Duration
+	jitter  atomic.Int64  // time.Duration
 	mux     *http.ServeMux
 
 	defaultLimits Limits
@@ -150,6 +174,7 @@ type Server struct {
 	mu       sync.Mutex
 	limiters map[limiterKey]*limiter // guarded by mu
 	book     *book                   // guarded by mu
+	flights  *flights                // guarded by mu
 	faults   []*Fault                // guarded by mu; in order of SetFault
 }
 
@@ -163,12 +188,14 @@ func New(cfg Config) (*Server, error) {
 		now:           cfg.Now,
 		log:           cfg.Logger,
 		dims:          cfg.EmbeddingDims,
+		window:        cfg.Window,
 		mux:           http.NewServeMux(),
 		defaultLimits: cfg.DefaultLimits,
 		keyLimits:     make(map[string]Limits, len(cfg.Keys)),
 		closed:        make(chan struct{}),
 		limiters:      map[limiterKey]*limiter{},
 		book:          newBook(),
+		flights:       newFlights(),
 	}
 	for key, l := range cfg.Keys {
 		s.keyLimits[Fingerprint(key)] = l
@@ -232,7 +259,7 @@ func (s *Server) limiter(k limiterKey, now time.Time) *limiter {
 		if !ok {
 			lim = s.defaultLimits
 		}
-		l = newLimiter(lim, now)
+		l = newLimiter(lim, s.window, now)
 		s.limiters[k] = l
 	}
 	return l
@@ -373,30 +400,14 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, wr wire) {
 		return
 	}
 
-	cost := cl.inputTokens + cl.reserve
-	s.mu.Lock()
-	now := s.now()
-	lim := s.limiter(lk, now)
-	v := lim.admit(now, cost)
-	if !v.ok {
-		s.book.record(p, fp, func(c *Counters) { c.Requests++; c.RateLimited++ })
-		snap := lim.snapshot(now)
-		s.mu.Unlock()
-		e := &apiError{kind: errRateLimit, retryAfter: v.retryAfter, limitedBy: v.limitedBy, requested: 1, model: cl.model}
-		st := snap.requests
-		if v.limitedBy == "tokens" {
-			st = snap.tokens
-			e.requested = cost
-		}
-		e.limit, e.used = st.limit, st.limit-st.remaining
-		if v.tooLarge {
-			e.kind = errTooLarge
-		}
-		wr.setRateHeaders(w.Header(), snap)
-		wr.writeError(w, e, reqID)
+	lim, ok := s.admit(w, wr, reqID, lk, cl)
+	if !ok {
 		return
 	}
-	s.mu.Unlock()
+	// In flight from admission until the answer is written: the deferred
+	// landing runs before net/http sends the buffered body, so a client
+	// that holds the answer sees its call counted out.
+	defer s.land(p, fp)
 
 	if !s.sleep(r, s.delay()) {
 		// The client gave up before the answer: nothing was generated, so
@@ -407,12 +418,55 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, wr wire) {
 		s.mu.Unlock()
 		return
 	}
+	s.answer(w, wr, lk, lim, cl)
+}
 
+// admit charges cl to its key's buckets and counts it in flight; when the
+// buckets refuse it answers 429, charges nothing and reports false.
+func (s *Server) admit(w http.ResponseWriter, wr wire, reqID string, lk limiterKey, cl *call) (*limiter, bool) {
+	p, cost := wr.provider(), cl.inputTokens+cl.reserve
 	s.mu.Lock()
-	now = s.now()
+	now := s.now()
+	lim := s.limiter(lk, now)
+	v := lim.admit(now, cost)
+	if v.ok {
+		s.flights.enter(p, lk.fp)
+		s.mu.Unlock()
+		return lim, true
+	}
+	s.book.record(p, lk.fp, func(c *Counters) { c.Requests++; c.RateLimited++ })
+	snap := lim.snapshot(now)
+	s.mu.Unlock()
+	wr.setRateHeaders(w.Header(), snap)
+	wr.writeError(w, refusal(v, snap, cost, cl.model), reqID)
+	return nil, false
+}
+
+// refusal is the 429 for a verdict. Its limit and usage figures come from
+// the per-minute view, as the providers' messages quote them ("Limit 120,
+// Used 2, Requested 1") even when the short window refused.
+func refusal(v verdict, snap snapshot, cost int, model string) *apiError {
+	e := &apiError{kind: errRateLimit, retryAfter: v.retryAfter, limitedBy: v.limitedBy, requested: 1, model: model}
+	st := snap.requests
+	if v.limitedBy == "tokens" {
+		st = snap.tokens
+		e.requested = cost
+	}
+	e.limit, e.used = st.limit, st.limit-st.remaining
+	if v.tooLarge {
+		e.kind = errTooLarge
+	}
+	return e
+}
+
+// answer writes the 200 for an admitted call and credits back the unused
+// output reservation.
+func (s *Server) answer(w http.ResponseWriter, wr wire, lk limiterKey, lim *limiter, cl *call) {
+	s.mu.Lock()
+	now := s.now()
 	resp, out := cl.build(now)
 	lim.credit(now, max(0, cl.reserve-out))
-	s.book.record(p, fp, func(c *Counters) {
+	s.book.record(wr.provider(), lk.fp, func(c *Counters) {
 		c.Requests++
 		c.OK++
 		c.InputTokens += int64(cl.inputTokens)
@@ -426,6 +480,13 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, wr wire) {
 	s.mu.Unlock()
 	wr.setRateHeaders(w.Header(), snap)
 	writeJSON(w, http.StatusOK, resp)
+}
+
+// land counts an admitted call out of flight.
+func (s *Server) land(p provider, fp string) {
+	s.mu.Lock()
+	s.flights.leave(p, fp)
+	s.mu.Unlock()
 }
 
 // sleep waits d, and reports false when the request's context ended first.

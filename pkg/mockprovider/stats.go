@@ -39,6 +39,13 @@ type Counters struct {
 	// they returned.
 	Embeddings      int64 `json:"embeddings"`
 	EmbeddingInputs int64 `json:"embedding_inputs"`
+	// InFlight is a gauge, not a count: the calls admitted by the buckets
+	// whose answer is not yet written (injected faults and refusals never
+	// enter). MaxInFlight is the most there were at once since New or the
+	// last Reset; load tests read it to check a concurrency cap from the
+	// provider's side.
+	InFlight    int64 `json:"in_flight"`
+	MaxInFlight int64 `json:"max_in_flight"`
 }
 
 // Stats is a snapshot of the mock's counters.
@@ -48,17 +55,24 @@ type Stats struct {
 	// Providers holds totals per provider: "claude" and "openai"
 	// (embeddings count under openai).
 	Providers map[string]Counters `json:"providers"`
+	// InFlight and MaxInFlight are the gauges of Counters over every key
+	// and provider together.
+	InFlight    int64 `json:"in_flight"`
+	MaxInFlight int64 `json:"max_in_flight"`
 }
 
-// Total returns the counters of both providers summed.
+// Total returns the counters of both providers summed, with the gauges
+// over both (a sum of per-provider maxima would overstate MaxInFlight).
 func (s Stats) Total() Counters {
 	var t Counters
 	for _, c := range s.Providers {
 		t.add(c)
 	}
+	t.InFlight, t.MaxInFlight = s.InFlight, s.MaxInFlight
 	return t
 }
 
+// add sums the counts of o into c; the gauges do not sum (see Total).
 func (c *Counters) add(o Counters) {
 	c.Requests += o.Requests
 	c.OK += o.OK
@@ -123,18 +137,98 @@ func (b *book) snapshot() Stats {
 	return s
 }
 
-// Stats returns a snapshot of the counters. Safe for concurrent use.
+// gauge counts calls in flight and remembers the most at once.
+type gauge struct{ now, max int64 }
+
+func (g *gauge) enter() {
+	g.now++
+	g.max = max(g.max, g.now)
+}
+
+// flights holds the in-flight gauges: over all calls, per key fingerprint
+// and per provider. Kept apart from book because Reset zeroes counts but
+// cannot zero calls still running: it restarts each maximum from the
+// current level instead. Guarded by Server.mu.
+type flights struct {
+	all       gauge
+	keys      map[string]*gauge
+	providers map[string]*gauge
+}
+
+func newFlights() *flights {
+	return &flights{keys: map[string]*gauge{}, providers: map[string]*gauge{}}
+}
+
+func (f *flights) enter(p provider, fp string) {
+	f.all.enter()
+	gaugeOf(f.keys, fp).enter()
+	gaugeOf(f.providers, string(p)).enter()
+}
+
+func (f *flights) leave(p provider, fp string) {
+	f.all.now--
+	f.keys[fp].now--
+	f.providers[string(p)].now--
+}
+
+// resetMax restarts every maximum at the current level and forgets idle
+// gauges, so a reset mock lists only keys that are used again (or still
+// running).
+func (f *flights) resetMax() {
+	f.all.max = f.all.now
+	for _, m := range []map[string]*gauge{f.keys, f.providers} {
+		for name, g := range m {
+			if g.now == 0 {
+				delete(m, name)
+				continue
+			}
+			g.max = g.now
+		}
+	}
+}
+
+// fill copies the gauges into s, adding entries for keys and providers
+// that have calls in flight but no finished ones yet.
+func (f *flights) fill(s *Stats) {
+	s.InFlight, s.MaxInFlight = f.all.now, f.all.max
+	fillGauges(s.Keys, f.keys)
+	fillGauges(s.Providers, f.providers)
+}
+
+func fillGauges(dst map[string]Counters, src map[string]*gauge) {
+	for name, g := range src {
+		c := dst[name]
+		c.InFlight, c.MaxInFlight = g.now, g.max
+		dst[name] = c
+	}
+}
+
+func gaugeOf(m map[string]*gauge, name string) *gauge {
+	g := m[name]
+	if g == nil {
+		g = &gauge{}
+		m[name] = g
+	}
+	return g
+}
+
+// Stats returns a snapshot of the counters and gauges. Safe for concurrent
+// use.
 func (s *Server) Stats() Stats {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.book.snapshot()
+	st := s.book.snapshot()
+	s.flights.fill(&st)
+	return st
 }
 
-// Reset zeroes the counters and refills every bucket. Faults and latency
-// stay as they are.
+// Reset zeroes the counters, restarts the in-flight maxima from the calls
+// still running, and refills every bucket. Faults and latency stay as they
+// are.
 func (s *Server) Reset() {
 	s.mu.Lock()
 	s.book = newBook()
+	s.flights.resetMax()
 	s.limiters = map[limiterKey]*limiter{}
 	s.mu.Unlock()
 	s.log.Info("mock provider: counters and buckets reset")

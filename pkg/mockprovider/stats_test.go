@@ -4,6 +4,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/google/go-cmp/cmp"
@@ -61,7 +62,7 @@ func TestFingerprint(t *testing.T) {
 func TestStats(t *testing.T) {
 	t.Parallel()
 	const keyA, keyB = "sk-ant-key-AAAA-secret", "sk-openai-key-BBBB-secret"
-	b := setup(t, Config{Keys: map[string]Limits{keyA: {RPM: 2}}})
+	b := setup(t, Config{Keys: map[string]Limits{keyA: {RPM: 2}}, Window: time.Minute})
 	wantStatus(t, b.claude(t, keyA, claudeText("one", 100)), 200)
 	wantStatus(t, b.claude(t, keyA, claudeText("two", 100)), 200)
 	wantStatus(t, b.claude(t, keyA, claudeText("three", 100)), 429)
@@ -76,20 +77,24 @@ func TestStats(t *testing.T) {
 
 	outA := int64(CountTokens(Reply("one")) + CountTokens(Reply("two")))
 	inA := int64(CountTokens("one") + CountTokens("two"))
-	a := Counters{Requests: 4, OK: 2, RateLimited: 1, Invalid: 1, InputTokens: inA, OutputTokens: outA}
+	// One call at a time: each admitted call is out of flight before its
+	// client has the answer.
+	a := Counters{Requests: 4, OK: 2, RateLimited: 1, Invalid: 1, InputTokens: inA, OutputTokens: outA, MaxInFlight: 1}
 	bb := Counters{Requests: 3, OK: 2, Injected: map[FaultMode]int64{FaultOverloaded: 1},
-		InputTokens: int64(CountTokens("four") + 2), OutputTokens: int64(CountTokens(Reply("four"))), Embeddings: 1, EmbeddingInputs: 2}
+		InputTokens: int64(CountTokens("four") + 2), OutputTokens: int64(CountTokens(Reply("four"))), Embeddings: 1, EmbeddingInputs: 2,
+		MaxInFlight: 1}
 	openai := bb
 	openai.Unauthorized = 1
 	want := Stats{
-		Keys:      map[string]Counters{Fingerprint(keyA): a, Fingerprint(keyB): bb},
-		Providers: map[string]Counters{"claude": a, "openai": openai},
+		Keys:        map[string]Counters{Fingerprint(keyA): a, Fingerprint(keyB): bb},
+		Providers:   map[string]Counters{"claude": a, "openai": openai},
+		MaxInFlight: 1,
 	}
 	if diff := cmp.Diff(want, b.srv.Stats()); diff != "" {
 		t.Errorf("Stats (-want +got):\n%s", diff)
 	}
 	total := b.srv.Stats().Total()
-	if total.Requests != 7 || total.OK != 4 || total.Unauthorized != 1 {
+	if total.Requests != 7 || total.OK != 4 || total.Unauthorized != 1 || total.MaxInFlight != 1 || total.InFlight != 0 {
 		t.Errorf("Total = %+v", total)
 	}
 
@@ -120,6 +125,8 @@ func TestConfigValidation(t *testing.T) {
 		{Config{Keys: map[string]Limits{"sk-secret": {TPM: -5}}}, "TPM"},
 		{Config{Keys: map[string]Limits{"": {}}}, "Config.Keys"},
 		{Config{EmbeddingDims: EmbeddingDimsMax + 1}, "Config.EmbeddingDims"},
+		{Config{Window: -time.Second}, "Config.Window -1s"},
+		{Config{Window: 2 * time.Minute}, "Config.Window 2m0s"},
 	}
 	for _, tt := range tests {
 		_, err := New(tt.cfg)
@@ -132,5 +139,8 @@ func TestConfigValidation(t *testing.T) {
 	}
 	if _, err := New(Config{}); err != nil {
 		t.Errorf("zero Config: %v", err)
+	}
+	if _, err := New(Config{Window: WindowMax}); err != nil {
+		t.Errorf("Window = WindowMax: %v", err)
 	}
 }

@@ -1,11 +1,14 @@
 // Command mockprovider serves the mock LLM provider (pkg/mockprovider) that
 // `make run`, tests and benchmarks talk to instead of Anthropic and OpenAI.
 //
-//	go run ./scripts/mockprovider -addr 127.0.0.1:8090 -rpm 600 -tpm 200000 -latency 300ms
+//	go run ./scripts/mockprovider -addr 127.0.0.1:8090 -rpm 600 -tpm 200000 -window 1s -latency 300ms
 //
 // Each flag falls back to an environment variable: BULWARK_MOCK_ADDR,
-// BULWARK_MOCK_RPM, BULWARK_MOCK_TPM, BULWARK_MOCK_LATENCY,
-// BULWARK_MOCK_JITTER. It stops on SIGINT or SIGTERM.
+// BULWARK_MOCK_RPM, BULWARK_MOCK_TPM, BULWARK_MOCK_WINDOW,
+// BULWARK_MOCK_LATENCY, BULWARK_MOCK_JITTER. -window is the enforcement
+// window of the limits (mockprovider.Config.Window): with the default 1s a
+// 600-RPM key takes 10 calls at once, as the real providers quantize; 1m
+// gives whole-minute buckets. It stops on SIGINT or SIGTERM.
 package main
 
 import (
@@ -40,6 +43,8 @@ func run(log *slog.Logger) error {
 	addr := flag.String("addr", envString("BULWARK_MOCK_ADDR", "127.0.0.1:8090"), "listen address (env BULWARK_MOCK_ADDR)")
 	flag.IntVar(&cfg.DefaultLimits.RPM, "rpm", envInt("BULWARK_MOCK_RPM", 600), "requests per minute per key, 0 = unlimited (env BULWARK_MOCK_RPM)")
 	flag.IntVar(&cfg.DefaultLimits.TPM, "tpm", envInt("BULWARK_MOCK_TPM", 200000), "tokens per minute per key, 0 = unlimited (env BULWARK_MOCK_TPM)")
+	flag.DurationVar(&cfg.Window, "window", envDuration("BULWARK_MOCK_WINDOW", mockprovider.WindowDefault),
+		"enforcement window of the limits, at most 1m: buckets hold rpm×window/1m (env BULWARK_MOCK_WINDOW)")
 	flag.DurationVar(&cfg.Latency, "latency", envDuration("BULWARK_MOCK_LATENCY", 300*time.Millisecond), "latency before each answer (env BULWARK_MOCK_LATENCY)")
 	flag.DurationVar(&cfg.LatencyJitter, "jitter", envDuration("BULWARK_MOCK_JITTER", 0), "latency spread ± (env BULWARK_MOCK_JITTER)")
 	flag.Parse()
@@ -47,7 +52,7 @@ func run(log *slog.Logger) error {
 
 	mock, err := mockprovider.New(cfg)
 	if err != nil {
-		return err
+		return fmt.Errorf("configuring the mock provider: %w", err)
 	}
 	srv := &http.Server{Addr: *addr, Handler: mock, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 
@@ -56,7 +61,7 @@ func run(log *slog.Logger) error {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ListenAndServe() }()
 	log.Info("mock provider listening", "addr", *addr, "rpm", cfg.DefaultLimits.RPM, "tpm", cfg.DefaultLimits.TPM,
-		"latency", cfg.Latency, "jitter", cfg.LatencyJitter)
+		"window", cfg.Window, "latency", cfg.Latency, "jitter", cfg.LatencyJitter)
 
 	select {
 	case err := <-errc:
