@@ -1,26 +1,3 @@
-// Package slots bounds the provider calls in flight across every worker
-// process, with slots reserved per priority.
-//
-// # The rule
-//
-// There are Total slots. Priority p (1 = critical … 4 = low) may take a free
-// slot only while, after taking it, enough free slots remain for the unused
-// reserves of every more urgent priority:
-//
-//	free − Σ_{q more urgent than p} max(0, reserve_q − used_q) ≥ 1
-//
-// With the defaults (20 slots; reserves critical 5, high 10, normal 4, low 1)
-// and nothing running, low may use 1 slot, normal 5, high 15 and critical
-// all 20; a flood of low never takes the slots critical, high or normal are
-// owed, and critical never waits for a slot while its reserve is unused.
-// Reserves above Total are rejected by configuration.
-//
-// # Leases
-//
-// A slot is a lease in Redis (sorted set scored by expiry, Redis TIME) that
-// expires after LeaseTTL, so a worker killed with SIGKILL frees its slots
-// without anyone's help. Acquire is one Lua script: drop expired leases,
-// count use per priority, apply the rule, take the slot.
 package slots
 
 import (
@@ -38,212 +15,272 @@ import (
 	"bulwark/pkg/priority"
 )
 
-// Defaults.
-const (
-	TotalDefault    = 20
-	LeaseTTLDefault = 3 * time.Minute
-	PrefixDefault   = "bulwark:slots:"
+var (
+	// ErrNoSlot is returned by TryAcquire when the rule refuses a slot now.
+	// The waiter stays registered for Config.WaiterTTL.
+	ErrNoSlot = errors.New("slots: no slot for this priority now")
+	// ErrLost is returned by Slot.Renew when the lease has already expired
+	// or been released: the call it guards no longer counts against Total.
+	ErrLost = errors.New("slots: lease lost")
 )
 
-// ErrNoSlot is returned by TryAcquire when the rule forbids a slot now.
-var ErrNoSlot = errors.New("slots: no slot free for this priority")
-
-// Config configures the limiter.
-type Config struct {
-	// Total provider calls in flight across all workers. Default 20.
-	Total int
-	// Reserved slots per priority; missing priorities reserve 0.
-	Reserved map[priority.Priority]int
-	// LeaseTTL after which a holder's slot is freed. Default 3m; keep it
-	// above the provider call timeout.
-	LeaseTTL time.Duration
-	// Prefix of the Redis keys. Default "bulwark:slots:".
-	Prefix string
+// Waiter identifies who asks for a slot; it decides the order among
+// waiters of one priority (see "FIFO by Since" in the package doc).
+type Waiter struct {
+	// ID is the request id. Two asks with the same ID and priority share
+	// one place in line.
+	ID string
+	// Since is when the request was created. Older waiters go first; ties
+	// go to the smaller ID. Must not be zero.
+	Since time.Time
 }
 
-func (c *Config) setDefaults() {
-	if c.Total == 0 {
-		c.Total = TotalDefault
+func (w Waiter) check() error {
+	if w.ID == "" {
+		return errors.New("slots: Waiter.ID is empty")
 	}
-	if c.LeaseTTL == 0 {
-		c.LeaseTTL = LeaseTTLDefault
-	}
-	if c.Prefix == "" {
-		c.Prefix = PrefixDefault
-	}
-}
-
-func (c *Config) validate() error {
-	sum := 0
-	for p, n := range c.Reserved {
-		if !p.Valid() {
-			return fmt.Errorf("slots: Reserved: unknown priority %d", p)
-		}
-		if n < 0 {
-			return fmt.Errorf("slots: Reserved[%s] must be >= 0", p)
-		}
-		sum += n
-	}
-	if c.Total <= 0 {
-		return fmt.Errorf("slots: Total must be > 0")
-	}
-	if sum > c.Total {
-		return fmt.Errorf("slots: Reserved sums to %d, more than Total %d", sum, c.Total)
+	if w.Since.IsZero() {
+		return fmt.Errorf("slots: Waiter.Since of %q is zero", w.ID)
 	}
 	return nil
 }
 
-// Limiter hands out slots. It is safe for concurrent use.
+// Limiter hands out slots. All its state is in Redis, so any number of
+// processes may build one over the same prefix and they act as one. It is
+// safe for concurrent use.
 type Limiter struct {
-	rdb redis.Scripter
-	cfg Config
+	rdb      redis.Scripter
+	cfg      Config
+	keys     []string // KEYS of acquireScript
+	reserves []any    // ARGV[2..5] of acquireScript
 }
 
-// New returns a limiter.
+// New returns a limiter; it touches no Redis key until used.
 func New(rdb redis.Scripter, cfg Config) (*Limiter, error) {
-	cfg.setDefaults()
+	cfg = cfg.withDefaults()
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &Limiter{rdb: rdb, cfg: cfg}, nil
-}
-
-func (l *Limiter) leasesKey() string { return l.cfg.Prefix + "leases" }
-func (l *Limiter) ownersKey() string { return l.cfg.Prefix + "owners" }
-
-// Slot is a held slot. Release it exactly once.
-type Slot struct {
-	l        *Limiter
-	ID       string
-	Priority priority.Priority
-}
-
-// acquireScript applies the reservation rule.
-//
-// KEYS[1] leases zset (member lease id, score expiry ms), KEYS[2] owners hash (lease id → priority)
-// ARGV[1] total, ARGV[2..5] reserves of priorities 1..4, ARGV[6] priority,
-// ARGV[7] lease id, ARGV[8] ttl ms
-// Reply: 1 taken, 0 refused.
-var acquireScript = redis.NewScript(`
-local t = redis.call("TIME")
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local expired = redis.call("ZRANGEBYSCORE", KEYS[1], "-inf", now)
-for _, id in ipairs(expired) do redis.call("HDEL", KEYS[2], id) end
-redis.call("ZREMRANGEBYSCORE", KEYS[1], "-inf", now)
-local used = {0, 0, 0, 0}
-local owners = redis.call("HVALS", KEYS[2])
-for _, p in ipairs(owners) do
-  local i = tonumber(p)
-  used[i] = used[i] + 1
-end
-local total = tonumber(ARGV[1])
-local free = total - #owners
-local p = tonumber(ARGV[6])
-local owed = 0
-for q = 1, p - 1 do
-  local r = tonumber(ARGV[1 + q]) - used[q]
-  if r > 0 then owed = owed + r end
-end
-if free - owed < 1 then return 0 end
-redis.call("ZADD", KEYS[1], now + tonumber(ARGV[8]), ARGV[7])
-redis.call("HSET", KEYS[2], ARGV[7], p)
-return 1
-`)
-
-// TryAcquire takes a slot for p or returns ErrNoSlot.
-func (l *Limiter) TryAcquire(ctx context.Context, p priority.Priority) (*Slot, error) {
-	if !p.Valid() {
-		return nil, fmt.Errorf("slots: invalid priority %d", p)
+	l := &Limiter{rdb: rdb, cfg: cfg}
+	l.keys = append([]string{leasesKey(cfg.Prefix), ownersKey(cfg.Prefix)}, waitKeys(cfg.Prefix)...)
+	for _, p := range priority.All {
+		l.reserves = append(l.reserves, cfg.Reserved[p])
 	}
-	id := newID()
-	args := []any{l.cfg.Total}
-	for _, q := range priority.All {
-		args = append(args, l.cfg.Reserved[q])
-	}
-	args = append(args, int(p), id, l.cfg.LeaseTTL.Milliseconds())
-	n, err := acquireScript.Run(ctx, l.rdb, []string{l.leasesKey(), l.ownersKey()}, args...).Int64()
-	if err != nil {
-		return nil, fmt.Errorf("slots: acquire: %w", err)
-	}
-	if n != 1 {
-		return nil, ErrNoSlot
-	}
-	return &Slot{l: l, ID: id, Priority: p}, nil
-}
-
-// Acquire waits for a slot for p until ctx ends, polling with jittered
-// backoff (5 ms doubling to 100 ms): a slot frees when some provider call
-// ends, and the poll bound keeps the wait close to that moment without a
-// notification channel per waiter.
-func (l *Limiter) Acquire(ctx context.Context, p priority.Priority) (*Slot, error) {
-	backoff := 5 * time.Millisecond
-	for {
-		s, err := l.TryAcquire(ctx, p)
-		if !errors.Is(err, ErrNoSlot) {
-			return s, err
-		}
-		d := backoff/2 + rand.N(backoff/2+1)
-		t := time.NewTimer(d)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return nil, fmt.Errorf("slots: wait for a %s slot: %w", p, ctx.Err())
-		case <-t.C:
-		}
-		backoff = min(backoff*2, 100*time.Millisecond)
-	}
-}
-
-// releaseScript frees a lease. KEYS[1] leases, KEYS[2] owners; ARGV[1] id.
-var releaseScript = redis.NewScript(`
-redis.call("ZREM", KEYS[1], ARGV[1])
-return redis.call("HDEL", KEYS[2], ARGV[1])
-`)
-
-// Release frees the slot. A second call is a no-op.
-func (s *Slot) Release(ctx context.Context) error {
-	if s == nil {
-		return nil
-	}
-	if err := releaseScript.Run(ctx, s.l.rdb, []string{s.l.leasesKey(), s.l.ownersKey()}, s.ID).Err(); err != nil {
-		return fmt.Errorf("slots: release: %w", err)
-	}
-	return nil
-}
-
-// inUseScript counts live leases per priority.
-// KEYS[1] leases, KEYS[2] owners. Reply: {used1, used2, used3, used4}.
-var inUseScript = redis.NewScript(`
-local t = redis.call("TIME")
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local used = {0, 0, 0, 0}
-local live = redis.call("ZRANGEBYSCORE", KEYS[1], "(" .. now, "+inf")
-for _, id in ipairs(live) do
-  local p = redis.call("HGET", KEYS[2], id)
-  if p then used[tonumber(p)] = used[tonumber(p)] + 1 end
-end
-return used
-`)
-
-// InUse returns the live slots per priority (metrics, admin).
-func (l *Limiter) InUse(ctx context.Context) (map[priority.Priority]int, error) {
-	vals, err := inUseScript.Run(ctx, l.rdb, []string{l.leasesKey(), l.ownersKey()}).Int64Slice()
-	if err != nil {
-		return nil, fmt.Errorf("slots: in use: %w", err)
-	}
-	if len(vals) != 4 {
-		return nil, fmt.Errorf("slots: in use: unexpected reply %v", vals)
-	}
-	out := make(map[priority.Priority]int, 4)
-	for i, v := range vals {
-		out[priority.Priority(i+1)] = int(v)
-	}
-	return out, nil
+	return l, nil
 }
 
 // Total returns the global limit.
 func (l *Limiter) Total() int { return l.cfg.Total }
 
+// Slot is a held slot. Renew it while the call runs; Release it once.
+// Its methods are safe for concurrent use.
+type Slot struct {
+	l *Limiter
+	// ID is the lease id, unique per grant.
+	ID string
+	// Priority is the priority the slot was granted to.
+	Priority priority.Priority
+}
+
+// TryAcquire makes one attempt: it registers w as a waiter for p and takes
+// a slot if the rule allows, or returns ErrNoSlot. A refused w keeps its
+// place in line for Config.WaiterTTL: call TryAcquire again within it, or
+// Leave.
+func (l *Limiter) TryAcquire(ctx context.Context, p priority.Priority, w Waiter) (*Slot, error) {
+	if err := checkAsk(p, w); err != nil {
+		return nil, err
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("slots: acquire a %s slot: %w", p, err)
+	}
+	return l.try(ctx, p, w)
+}
+
+// Acquire waits for a slot for p until it is granted or ctx ends, asking
+// again with jittered backoff (5 ms doubling to 50 ms); each ask refreshes
+// w's place in line. When ctx ends it removes w's registration (best
+// effort: otherwise it lapses after Config.WaiterTTL) and returns an error
+// wrapping ctx.Err().
+func (l *Limiter) Acquire(ctx context.Context, p priority.Priority, w Waiter) (*Slot, error) {
+	if err := checkAsk(p, w); err != nil {
+		return nil, err
+	}
+	for backoff := pollMin; ; backoff = min(2*backoff, pollMax) {
+		if ctx.Err() != nil {
+			return nil, l.giveUp(ctx, p, w)
+		}
+		s, err := l.try(ctx, p, w)
+		if !errors.Is(err, ErrNoSlot) {
+			return s, err
+		}
+		if sleep(ctx, backoff/2+rand.N(backoff/2+1)) != nil {
+			return nil, l.giveUp(ctx, p, w)
+		}
+	}
+}
+
+// try runs one decision. The script runs detached from ctx's cancellation
+// (bounded by RedisTimeout) so that a cancel arriving while the reply is
+// on its way cannot lose a grant: that lease would hold a slot for
+// LeaseTTL with nobody to release it.
+func (l *Limiter) try(ctx context.Context, p priority.Priority, w Waiter) (*Slot, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.RedisTimeout)
+	defer cancel()
+	lease := newID()
+	args := append([]any{l.cfg.Total}, l.reserves...)
+	args = append(args, int(p), w.ID, w.Since.UnixMilli(), lease,
+		l.cfg.LeaseTTL.Milliseconds(), l.cfg.WaiterTTL.Milliseconds())
+	n, err := acquireScript.Run(ctx, l.rdb, l.keys, args...).Int64()
+	switch {
+	case err != nil:
+		return nil, fmt.Errorf("slots: acquire a %s slot: %w", p, err)
+	case n == 0:
+		return nil, ErrNoSlot
+	case n != 1:
+		return nil, fmt.Errorf("slots: acquire a %s slot: unexpected reply %d", p, n)
+	}
+	return &Slot{l: l, ID: lease, Priority: p}, nil
+}
+
+// giveUp leaves the line after ctx ended. A failure to leave is dropped:
+// the registration lapses after WaiterTTL anyway, and joining it would let
+// a Redis timeout read as the caller's own deadline.
+func (l *Limiter) giveUp(ctx context.Context, p priority.Priority, w Waiter) error {
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.RedisTimeout)
+	defer cancel()
+	_ = l.Leave(lctx, p, w.ID)
+	return fmt.Errorf("slots: wait for a %s slot: %w", p, ctx.Err())
+}
+
+// Leave removes waiter id's registration for p, for a TryAcquire caller
+// that stops asking. Leaving when not registered is a no-op.
+func (l *Limiter) Leave(ctx context.Context, p priority.Priority, id string) error {
+	if !p.Valid() {
+		return fmt.Errorf("slots: invalid priority %d", p)
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.RedisTimeout)
+	defer cancel()
+	keys := []string{waitKey(l.cfg.Prefix, p), waitExpiryKey(l.cfg.Prefix, p)}
+	if _, err := leaveScript.Run(ctx, l.rdb, keys, id).Int64(); err != nil {
+		return fmt.Errorf("slots: leave the %s line: %w", p, err)
+	}
+	return nil
+}
+
+// Renew pushes the lease's expiry to now + Config.LeaseTTL. It returns
+// ErrLost when the lease has already expired or been released; the call it
+// guards then runs uncounted, and the holder decides whether to finish it.
+func (s *Slot) Renew(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, s.l.cfg.RedisTimeout)
+	defer cancel()
+	n, err := renewScript.Run(ctx, s.l.rdb, s.l.leaseKeys(), s.ID, s.l.cfg.LeaseTTL.Milliseconds()).Int64()
+	switch {
+	case err != nil:
+		return fmt.Errorf("slots: renew a %s slot: %w", s.Priority, err)
+	case n == 0:
+		return ErrLost
+	case n != 1:
+		return fmt.Errorf("slots: renew a %s slot: unexpected reply %d", s.Priority, n)
+	}
+	return nil
+}
+
+// Release frees the slot. Releasing again, or after the lease expired, is
+// a no-op; a nil Slot is a no-op too.
+func (s *Slot) Release(ctx context.Context) error {
+	if s == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.l.cfg.RedisTimeout)
+	defer cancel()
+	if _, err := releaseScript.Run(ctx, s.l.rdb, s.l.leaseKeys(), s.ID).Int64(); err != nil {
+		return fmt.Errorf("slots: release a %s slot: %w", s.Priority, err)
+	}
+	return nil
+}
+
+// InUse returns the live slots per priority (metrics, admin).
+func (l *Limiter) InUse(ctx context.Context) (map[priority.Priority]int, error) {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.RedisTimeout)
+	defer cancel()
+	vals, err := inUseScript.Run(ctx, l.rdb, l.leaseKeys()).Int64Slice()
+	if err != nil {
+		return nil, fmt.Errorf("slots: in use: %w", err)
+	}
+	if len(vals) != len(priority.All) {
+		return nil, fmt.Errorf("slots: in use: unexpected reply %v", vals)
+	}
+	out := make(map[priority.Priority]int, len(priority.All))
+	for i, p := range priority.All {
+		out[p] = int(vals[i])
+	}
+	return out, nil
+}
+
+// Waiting returns the live waiter ids of each priority in the order they
+// will be granted (Since, then ID): a request's queue position among its
+// own priority.
+func (l *Limiter) Waiting(ctx context.Context) (map[priority.Priority][]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.RedisTimeout)
+	defer cancel()
+	reply, err := waitingScript.Run(ctx, l.rdb, waitKeys(l.cfg.Prefix)).Slice()
+	if err != nil {
+		return nil, fmt.Errorf("slots: waiting: %w", err)
+	}
+	if len(reply) != len(priority.All) {
+		return nil, fmt.Errorf("slots: waiting: unexpected reply %v", reply)
+	}
+	out := make(map[priority.Priority][]string, len(priority.All))
+	for i, p := range priority.All {
+		ids, err := stringSlice(reply[i])
+		if err != nil {
+			return nil, fmt.Errorf("slots: waiting: %s: %w", p, err)
+		}
+		out[p] = ids
+	}
+	return out, nil
+}
+
+func (l *Limiter) leaseKeys() []string {
+	return []string{leasesKey(l.cfg.Prefix), ownersKey(l.cfg.Prefix)}
+}
+
+func checkAsk(p priority.Priority, w Waiter) error {
+	if !p.Valid() {
+		return fmt.Errorf("slots: invalid priority %d", p)
+	}
+	return w.check()
+}
+
+func stringSlice(v any) ([]string, error) {
+	items, ok := v.([]any)
+	if !ok {
+		return nil, fmt.Errorf("unexpected reply %T", v)
+	}
+	out := make([]string, 0, len(items))
+	for _, it := range items {
+		s, ok := it.(string)
+		if !ok {
+			return nil, fmt.Errorf("unexpected id %T", it)
+		}
+		out = append(out, s)
+	}
+	return out, nil
+}
+
+// sleep waits d or until ctx ends, whichever is first.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// newID returns a lease id unique across processes.
 func newID() string {
 	b := make([]byte, 8)
 	_, _ = crand.Read(b)

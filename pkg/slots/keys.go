@@ -1,0 +1,36 @@
+package slots
+
+import "bulwark/pkg/priority"
+
+// Redis key builders: every key name the limiter uses comes from here, so a
+// prefix isolates one limiter (or one test) from every other.
+
+// leasesKey is the sorted set of live lease ids, scored by expiry (Unix ms,
+// Redis time).
+func leasesKey(prefix string) string { return prefix + "leases" }
+
+// ownersKey is the hash from lease id to the priority (1–4) holding it.
+func ownersKey(prefix string) string { return prefix + "owners" }
+
+// waitKey is the sorted set of p's registered waiters, scored by Since
+// (Unix ms); equal scores sort by id, which gives the FIFO order.
+func waitKey(prefix string, p priority.Priority) string { return prefix + "wait:" + p.String() }
+
+// waitExpiryKey is the sorted set of p's registered waiters, scored by the
+// registration's expiry (Unix ms, Redis time).
+func waitExpiryKey(prefix string, p priority.Priority) string {
+	return prefix + "wait-exp:" + p.String()
+}
+
+// waitKeys returns the waiter sets of priorities 1..4, then their expiry
+// sets: the layout the acquire and waiting scripts index by priority.
+func waitKeys(prefix string) []string {
+	keys := make([]string, 0, 2*len(priority.All))
+	for _, p := range priority.All {
+		keys = append(keys, waitKey(prefix, p))
+	}
+	for _, p := range priority.All {
+		keys = append(keys, waitExpiryKey(prefix, p))
+	}
+	return keys
+}
