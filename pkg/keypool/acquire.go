@@ -10,16 +10,38 @@ import (
 	"bulwark/pkg/llm"
 )
 
+// AcquireOption is a per-call knob of Acquire.
+type AcquireOption func(*acquireOpts)
+
+type acquireOpts struct {
+	ahead time.Duration
+}
+
+// Within lets Acquire reserve a key whose buckets refill within d: the
+// lease's NotBefore is then up to d ahead, and the caller waits until it
+// before calling. Reservations are granted in the order they are asked
+// for, so callers waiting on a busy route are served first come, first
+// served at exactly the pace the keys allow, instead of polling. Cooling
+// keys and keys at their in-flight cap are never reserved ahead.
+func Within(d time.Duration) AcquireOption {
+	return func(o *acquireOpts) { o.ahead = max(d, 0) }
+}
+
 // Acquire reserves one request and estTokens tokens on the key of route
 // with the most headroom, in one atomic Redis step, and returns the lease.
 // estTokens should be the prompt's tokens plus max_tokens; Success settles
-// it to the real usage.
+// it to the real usage. With Within, the lease may be for a moment ahead
+// (Lease.NotBefore).
 //
 // Errors: an *ExhaustedError (errors.Is ErrExhausted) when no key has room
-// now, saying when one will; ErrUnknownRoute when route has no keys;
-// ErrTooLarge when estTokens exceeds every key's TPM; otherwise a Redis
-// failure.
-func (p *Pool) Acquire(ctx context.Context, route llm.Route, estTokens int) (*Lease, error) {
+// now (or within the Within horizon), saying when one will;
+// ErrUnknownRoute when route has no keys; ErrTooLarge when estTokens
+// exceeds every key's TPM; otherwise a Redis failure.
+func (p *Pool) Acquire(ctx context.Context, route llm.Route, estTokens int, opts ...AcquireOption) (*Lease, error) {
+	var o acquireOpts
+	for _, opt := range opts {
+		opt(&o)
+	}
 	idx, ok := p.routes[route]
 	if !ok {
 		return nil, fmt.Errorf("keypool: acquire %s: %w", route, ErrUnknownRoute)
@@ -34,7 +56,7 @@ func (p *Pool) Acquire(ctx context.Context, route llm.Route, estTokens int) (*Le
 	ttl := p.cfg.LeaseTTL.Microseconds()
 	for attempt := 0; ; attempt++ {
 		rctx, cancel := context.WithTimeout(ctx, p.cfg.OpTimeout)
-		res, err := p.sc.acquire.Run(rctx, p.rdb, p.routeKeys[route], estTokens, ttl, leaseID).Slice()
+		res, err := p.sc.acquire.Run(rctx, p.rdb, p.routeKeys[route], estTokens, ttl, leaseID, o.ahead.Microseconds()).Slice()
 		cancel()
 		if err != nil {
 			return nil, fmt.Errorf("keypool: acquire %s: %w", route, err)
@@ -44,11 +66,12 @@ func (p *Pool) Acquire(ctx context.Context, route llm.Route, estTokens int) (*Le
 			return nil, fmt.Errorf("keypool: acquire %s: %w", route, err)
 		}
 		switch status {
-		case 1: // {1, i, now, expiry}
+		case 1: // {1, i, now, expiry, at}
 			i, err1 := replyInt(res, 1)
 			now, err2 := replyInt(res, 2)
 			exp, err3 := replyInt(res, 3)
-			if err := firstErr(err1, err2, err3); err != nil {
+			at, err4 := replyInt(res, 4)
+			if err := firstErr(err1, err2, err3, err4); err != nil {
 				return nil, fmt.Errorf("keypool: acquire %s: %w", route, err)
 			}
 			if i < 1 || int(i) > len(idx) {
@@ -62,6 +85,7 @@ func (p *Pool) Acquire(ctx context.Context, route llm.Route, estTokens int) (*Le
 				APIKey:    k.APIKey,
 				EstTokens: estTokens,
 				GrantedAt: timeFromUS(now),
+				NotBefore: timeFromUS(at),
 				ExpiresAt: timeFromUS(exp),
 				grantedUS: now,
 			}, nil

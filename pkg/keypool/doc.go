@@ -6,12 +6,13 @@
 //
 // # Use
 //
-//	lease, err := pool.Acquire(ctx, route, promptTokens+req.MaxTokens)
+//	lease, err := pool.Acquire(ctx, route, promptTokens+req.MaxTokens, keypool.Within(2*time.Second))
 //	// *ExhaustedError: wait RetryAfter or fall back; ErrTooLarge: give up.
+//	// Wait lease.Delay() (or give the lease back with pool.Return).
 //	defer pool.Release(ctx, lease) // no-op once settled
 //	res, err := client.Complete(ctx, lease.APIKey, req)
 //	if err != nil {
-//		pool.Failure(ctx, lease, err)
+//		pool.Failure(ctx, lease, action, err) // Refund, Cool or Disable
 //	} else {
 //		pool.Success(ctx, lease, res.Response.Usage, res.RateLimit)
 //	}
@@ -19,84 +20,159 @@
 // # Bucket model
 //
 // Each key has two continuous token buckets, the way Anthropic, OpenAI and
-// Bulwark's mock provider meter: a request bucket of capacity RPM refilling
-// RPM/60 per second, and a token bucket of capacity TPM refilling TPM/60
-// per second. A bucket is stored as a level and the Redis time (µs) it was
-// computed at; its level now is min(capacity, level + elapsed·rate). Acquire
-// takes 1 request and the estimated tokens (prompt plus max_tokens); Success
-// gives back or charges the difference to the real usage, so a level can go
-// negative (a debt that must refill before the next grant). All time is
-// Redis TIME read inside the scripts, never a worker's clock.
+// Bulwark's mock provider meter: one for requests and one for tokens. They
+// do not hold a minute of the per-minute limits: providers enforce them in
+// short windows ("60,000 requests/minute may be enforced as 1,000
+// requests/second"; "60 RPM may be enforced as 1 request per second"), so
+// a pool that lets the 120 calls of a 120-RPM key go at once gets 429s for
+// most of them. A bucket holds the burst window's share of its limit
+// (Config.Window, default 1 s; Key.Window overrides it) and refills at the
+// per-minute rate:
 //
-// Provider headers correct the model: when a response says fewer requests
-// or tokens remain than a bucket holds, the bucket is lowered to that
-// count. It is never raised above our own model, which already counts
-// calls the provider has not seen yet.
+//	request bucket: capacity max(1, RPM'·Window/1m), refill RPM'/60 per second
+//	token bucket:   capacity TPM'·Window/1m,         refill TPM'/60 per second
+//
+// RPM' and TPM' are the effective limits: the configured limit, lowered to
+// a smaller limit the provider's headers reported, times Config.Pace
+// (default 0.98) and times the key's back-off factor f (1 until a 429, see
+// "Cooldown rule"). A bucket is stored as a level and the Redis time (µs)
+// it was computed at; its level now is min(capacity, level + elapsed·rate).
+// One Lua function reads it for every script, so acquire, settle and
+// Snapshot cannot disagree about the model.
+//
+// Why the pace margin: a provider quantizes, and it meters by its own
+// clock when our call arrives, not by ours when we granted it. Paced
+// exactly at the limit, every call lands on the instant the provider's
+// bucket refills to one request; the next call, held up 1 ms less between
+// our grant and the provider than the previous one (scheduling, network),
+// finds that 1-s bucket 0.002 of a request short (at 120 RPM) and gets a
+// 429. Spending 98% of each limit leaves 2% of every interval (10 ms at
+// 120 RPM) for that jitter. So with the defaults a 120-RPM key holds 1.96
+// requests: one call at once, the second 20 ms later, then one every
+// 510 ms; with Pace 1, two at once, then one every 500 ms.
+//
+// Acquire takes 1 request and the estimated tokens (prompt plus
+// max_tokens). A request needs a level of 1, and est tokens or a full
+// token bucket, whichever is less: an estimate above a window's tokens
+// (but within TPM) is admitted from a full bucket and leaves a debt, a
+// negative level that later requests wait out, as the providers do (a
+// 5,000-token call on a 1,000-token window: the next call waits 4 s).
+// Success charges or refunds the difference to the real usage, so a level
+// may go negative there too.
+//
+// The provider's rate-limit headers correct the model after each call,
+// answer or error. A reported limit below the configured one becomes the
+// key's limit (capacity and refill follow); a report at or above the
+// configured limit ends that correction, and a key is never paced above its
+// configuration. A reported remaining count bounds the bucket (a remaining
+// of 0 empties it), and so does a reset: the provider's per-minute bucket
+// refills at limit per minute and is full after reset, so it holds
+// limit − reset·limit/1m now (a reset over a minute fits no per-minute
+// bucket and is ignored). These only ever lower a level, never raise it:
+// our model already counts calls the provider has not seen yet.
+//
+// # Reservations
+//
+// With Within(d), Acquire may reserve a key whose buckets have room within
+// d instead of now. The reservation is taken at once (the level goes
+// negative) and the lease's NotBefore is the moment the bucket would have
+// held it; the caller waits Delay() and calls then. Each reservation
+// deepens the debt, so the next caller gets the next moment: callers are
+// served first come, first served, at exactly the key's pace, with one
+// round trip each and no polling (pollers retrying at RetryAfter are
+// served by luck, and load Redis in proportion to their number). A caller
+// that stops waiting gives its reservation back with Return. A cooling key
+// or one at MaxInFlight is never reserved ahead: its end is not a refill
+// the pool can promise.
 //
 // # Headroom rule
 //
-// Acquire considers the route's keys that are enabled, not cooling, under
-// MaxInFlight, and have at least 1 request and the estimated tokens in
-// their buckets. Each one's headroom is the smallest fraction of any of its
-// limits left after this reservation:
+// Acquire considers the route's keys that are enabled, not cooling and
+// under MaxInFlight, and whose buckets hold the request now or, with
+// Within(d), within d. The key with room earliest wins, so a key free now
+// always beats a reservation. Among keys free at the same time, the one
+// with the largest headroom wins: the smallest fraction of any of its
+// limits left after this reservation,
 //
-//	min((requests-1)/RPM, (tokens-est)/TPM, (MaxInFlight-inflight-1)/MaxInFlight)
+//	min((requests-1)/requestCapacity, (tokens-est)/max(tokenCapacity, est), (MaxInFlight-inflight-1)/MaxInFlight)
 //
-// (the last term only with a MaxInFlight). The key with the largest headroom
-// wins; ties go to the earlier key in the configuration, so equal idle keys
-// alternate. This is the design's "lowest RPM utilisation" extended to the
-// token and concurrency limits, so one nearly spent limit cannot hide
-// behind a fresh one.
+// (the last term only with a MaxInFlight); ties go to the earlier key in
+// the configuration, so equal idle keys alternate. This is the design's
+// "lowest RPM utilisation" extended to the token and concurrency limits,
+// so one nearly spent limit cannot hide behind a fresh one.
 //
 // When no key qualifies, Acquire returns an *ExhaustedError whose
 // RetryAfter is, over the keys, the smallest of each key's longest wait:
-// the time for its request or token bucket to refill enough, the end of
-// its cooldown, or the expiry of its oldest lease when it is at
-// MaxInFlight. Disabled keys never count. An estimate larger than every
-// key's TPM fails with ErrTooLarge instead: no wait would admit it.
+// the time for its buckets to hold the request (a full token bucket for an
+// estimate above a window), the end of its cooldown, or the expiry of its
+// oldest lease when it is at MaxInFlight. Disabled keys never count. An
+// estimate larger than every key's configured TPM fails with ErrTooLarge
+// instead: no wait would admit it.
 //
 // # Cooldown rule
 //
-// A rate_limited failure raises the key's consecutive 429 count n and cools
-// the key for min(CooldownBase·2^n, CooldownMax), by default the design's
-// min(2^n, 120) seconds (2, 4, 8, … 64, 120), and never less than the
-// provider's Retry-After. Only a lease granted after the key's last
-// escalation escalates again: the calls already in flight when the first
-// 429 came back report the same overload and only extend the cooldown to
-// their Retry-After. Success resets n to 0 (a running cooldown ends on its
-// own). quota and auth failures disable the key, with the reason, until
-// Enable; overloaded, transient and permanent failures cool nothing and
-// refund the tokens. A 429's reservation stays spent: the provider counted
-// the call.
+// The caller decides what a failed call does to its key, from the
+// failure's class (pkg/dispatch keeps that table), and passes an Action to
+// Failure:
+//
+//   - Cool (a 429, rate_limited): the key's consecutive 429 count n rises
+//     and the key cools for min(CooldownBase·2^n, CooldownMax), by default
+//     the design's min(2^n, 120) seconds (2, 4, 8, … 64, 120), and never
+//     less than the provider's Retry-After. Its request bucket is emptied
+//     (a level above 0 drops to 0; a debt of reservations stays), since the
+//     provider says it is empty. And its back-off factor f drops 10%, to
+//     0.5 at most: a key that gets 429s although the pool paced it meters
+//     tighter than configured. Each Success adds 0.02 back to f, up to 1
+//     (additive increase, multiplicative decrease). The reservation stays
+//     spent: the provider counted the call.
+//   - Disable (quota, auth): the key is out, with the reason, until Enable;
+//     the tokens are refunded.
+//   - Refund (overloaded, transient, permanent, our own cancellation): the
+//     tokens are refunded; the request stays counted, since the provider
+//     may have seen it; nothing else changes.
+//
+// Only a lease granted after the key's last escalation escalates (n and
+// f) again: the calls already in flight when the first 429 came back
+// report the same overload and only extend the cooldown to their
+// Retry-After. Success resets n to 0 (a running cooldown ends on its own).
 //
 // # Leases
 //
 // Every grant adds a lease id to the key's lease set, scored by its expiry
-// (Redis time + LeaseTTL). Success, Failure and Release remove it. Acquire
-// drops the expired ones of every key with a MaxInFlight before counting
-// them, and of the key it grants on, so a SIGKILLed worker's slots come
-// back after LeaseTTL at most and no set grows without bound. (Sets of keys
-// without a MaxInFlight decide nothing, so Acquire does not spend a command
-// per key on them; Snapshot counts only unexpired leases.) An expired
-// lease's reservation stays spent, since its call may have reached the
-// provider.
+// (NotBefore + LeaseTTL). Success, Failure, Release and Return remove it.
+// Acquire drops the expired ones of every key with a MaxInFlight before
+// counting them, and of the key it grants on, so a SIGKILLed worker's
+// slots come back after LeaseTTL at most and no set grows without bound.
+// (Sets of keys without a MaxInFlight decide nothing, so Acquire does not
+// spend a command per key on them; Snapshot counts only unexpired leases.)
+// The set itself expires a second after its last lease. An expired lease's
+// reservation stays spent, since its call may have reached the provider;
+// only Return, for a call never made, gives the request back.
 //
 // # Redis layout
 //
 // With prefix P (default "bulwark:keypool:"):
 //
-//	P key:<id>     hash: provider, tier, rpm, tpm, mif (limits, written by
-//	               every New: the last process to start wins); rl, tl, ts
-//	               (request level, token level, their time in µs); n
-//	               (consecutive 429s); cu (cooling until, µs); cs (last
-//	               escalation, µs); off, off_at (disable reason and time)
+//	P key:<id>     hash, one per provider key:
+//	                 provider, tier, rpm, tpm, mif, win (µs), pace
+//	                   configuration, written by every New (the last
+//	                   process to start wins)
+//	                 hr, ht   requests and tokens limits the provider
+//	                          reported below ours (0: none)
+//	                 f        back-off factor, 0.5..1
+//	                 rl, tl, ts  request level, token level, their Redis
+//	                          time (µs)
+//	                 n        consecutive 429s
+//	                 cu, cs   cooling until, last escalation (µs)
+//	                 off, off_at  disable reason and time
 //	P leases:<id>  sorted set: lease id → expiry (µs); expires itself when idle
 //
 // The credential is never written: it stays in the Pool's memory and is
 // looked up by key id. A key's state outlives restarts of the workers
-// (their registration never refills a bucket); if Redis loses it, the next
-// Acquire registers the configured keys again with full buckets, which the
-// first response headers then correct.
+// (their registration never refills a bucket, only clamps it to a smaller
+// capacity); if Redis loses it, the next Acquire registers the configured
+// keys again with full buckets, which the first response headers then
+// correct.
 //
 // Acquire, the settlements, Disable/Enable and Snapshot are each one Lua
 // script: one round trip, atomic across processes. The scripts name every

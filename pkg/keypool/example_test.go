@@ -14,15 +14,19 @@ import (
 	"bulwark/pkg/secret"
 )
 
-// A worker's call through the pool: acquire the best key, call, settle by
-// outcome; when no key has room, wait RetryAfter (or fall back / re-enqueue
-// with that delay). Compiled, not run: it needs Redis and a provider.
+// A worker's call through the pool: reserve the best key, waiting up to
+// 2 s for one in turn with every other worker (no polling), wait until the
+// lease's NotBefore, call, and settle by outcome. When no key has room
+// within the horizon, fall back or re-enqueue after RetryAfter. Compiled,
+// not run: it needs Redis and a provider.
 func Example() {
 	ctx := context.Background()
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379"})
 	defer rdb.Close()
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
 
+	// Window and Pace keep their defaults: buckets of one second of each
+	// limit, spent at 98% of it.
 	pool, err := keypool.New(ctx, rdb, keypool.Config{Keys: []keypool.Key{
 		{ID: "claude-sonnet-1", Provider: llm.ProviderClaude, Tier: "sonnet",
 			APIKey: secret.New(os.Getenv("CLAUDE_API_KEY_1")), RPM: 60, TPM: 80000},
@@ -38,30 +42,57 @@ func Example() {
 	req := &llm.Request{MaxTokens: 1024}
 	route := llm.Route{Provider: llm.ProviderClaude, Tier: "sonnet"}
 
-	for {
-		lease, err := pool.Acquire(ctx, route, 2000+req.MaxTokens)
+	for range 3 { // a 429 cools its key: try another one
+		err := call(ctx, pool, client, route, req)
 		var ee *keypool.ExhaustedError
-		if errors.As(err, &ee) {
-			select {
-			case <-time.After(ee.RetryAfter):
-				continue
-			case <-ctx.Done():
-				return
-			}
-		}
-		if err != nil {
-			logger.Error("acquire", "err", err)
+		switch {
+		case err == nil:
+			return
+		case errors.As(err, &ee):
+			logger.Info("no key within 2s: fall back or re-enqueue", "retry_after", ee.RetryAfter, "reason", ee.Reason)
+			return
+		case actionFor(err) != keypool.Cool:
+			logger.Error("call", "err", err)
 			return
 		}
-		res, err := client.Complete(ctx, lease.APIKey, req)
-		if err != nil {
-			_ = pool.Failure(ctx, lease, err)
-			if c, _ := llm.ClassOf(err); c == llm.ClassRateLimited {
-				continue // another key of the tier, or wait
-			}
-			return
-		}
-		_ = pool.Success(ctx, lease, res.Response.Usage, res.RateLimit)
-		return
 	}
+}
+
+// call makes one provider call on a key of route.
+func call(ctx context.Context, pool *keypool.Pool, client llm.Client, route llm.Route, req *llm.Request) error {
+	lease, err := pool.Acquire(ctx, route, 2000+req.MaxTokens, keypool.Within(2*time.Second))
+	if err != nil {
+		return err
+	}
+	// The reservation may be for a moment ahead: wait for it, and give it
+	// back if the caller stops waiting first.
+	if d := lease.Delay(); d > 0 {
+		timer := time.NewTimer(d)
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			timer.Stop()
+			_ = pool.Return(ctx, lease)
+			return ctx.Err()
+		}
+	}
+	defer pool.Release(ctx, lease) // no-op once settled
+	res, err := client.Complete(ctx, lease.APIKey, req)
+	if err != nil {
+		_ = pool.Failure(ctx, lease, actionFor(err), err)
+		return err
+	}
+	return pool.Success(ctx, lease, res.Response.Usage, res.RateLimit)
+}
+
+// actionFor is the dispatcher's class → action table (pkg/dispatch) in
+// brief.
+func actionFor(err error) keypool.Action {
+	switch c, _ := llm.ClassOf(err); c {
+	case llm.ClassRateLimited:
+		return keypool.Cool
+	case llm.ClassQuota, llm.ClassAuth:
+		return keypool.Disable
+	}
+	return keypool.Refund
 }

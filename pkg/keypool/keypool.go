@@ -28,6 +28,15 @@ const (
 	CooldownMaxDefault  = 120 * time.Second
 	// OpTimeoutDefault is the deadline of one Redis round trip.
 	OpTimeoutDefault = 2 * time.Second
+	// WindowDefault is the burst window: a key's buckets hold this share of
+	// its per-minute limits, as providers enforce them ("60 RPM may be
+	// enforced as 1 request per second").
+	WindowDefault = time.Second
+	// PaceDefault is the share of each limit the pool spends: 2% below the
+	// provider's rate absorbs the jitter between our grant and the
+	// provider's arrival clock, so a paced call never finds the provider's
+	// one-second bucket a hair short.
+	PaceDefault = 0.98
 )
 
 // Sentinel errors callers branch on.
@@ -88,13 +97,18 @@ type Key struct {
 	// APIKey is the credential. It stays in process memory: it is never
 	// written to Redis, logged or returned by Snapshot.
 	APIKey secret.String
-	// RPM is the requests-per-minute limit (> 0): the bucket holds RPM
-	// requests and refills RPM/60 per second.
+	// RPM is the requests-per-minute limit (> 0). The request bucket holds
+	// the window's share of it (at least one request) and refills at the
+	// per-minute rate, both times Config.Pace (see the package doc,
+	// "Bucket model").
 	RPM int
-	// TPM is the tokens-per-minute limit (> 0), metered the same way.
+	// TPM is the tokens-per-minute limit (> 0), metered the same way
+	// (without the one-request floor). An estimate above TPM never fits.
 	TPM int
 	// MaxInFlight caps concurrent calls on the key; 0 means no limit.
 	MaxInFlight int
+	// Window overrides Config.Window for this key; 0 means Config.Window.
+	Window time.Duration
 }
 
 // Route returns the key's (provider, tier).
@@ -122,6 +136,15 @@ type Config struct {
 	// when the caller's context is already cancelled, so an abandoned call
 	// still returns its reservation.
 	OpTimeout time.Duration
+	// Window is the burst window of every key without its own: the request
+	// bucket holds max(1, RPM·Window/1m) requests, the token bucket
+	// TPM·Window/1m tokens; both refill at the per-minute rate. Default
+	// WindowDefault (1s), at most one minute (the whole-minute bucket,
+	// which real providers do not grant).
+	Window time.Duration
+	// Pace is the share of each limit the pool spends, in (0, 1]; default
+	// PaceDefault (0.98).
+	Pace float64
 }
 
 func (c Config) withDefaults() Config {
@@ -140,7 +163,18 @@ func (c Config) withDefaults() Config {
 	if c.OpTimeout == 0 {
 		c.OpTimeout = OpTimeoutDefault
 	}
+	if c.Window == 0 {
+		c.Window = WindowDefault
+	}
+	if c.Pace == 0 {
+		c.Pace = PaceDefault
+	}
 	c.Keys = append([]Key(nil), c.Keys...)
+	for i := range c.Keys {
+		if c.Keys[i].Window == 0 {
+			c.Keys[i].Window = c.Window
+		}
+	}
 	return c
 }
 
@@ -159,6 +193,12 @@ func (c Config) validate() error {
 	}
 	if c.OpTimeout < 0 {
 		return fmt.Errorf("keypool: Config.OpTimeout must be > 0, got %s", c.OpTimeout)
+	}
+	if c.Window < time.Millisecond || c.Window > time.Minute {
+		return fmt.Errorf("keypool: Config.Window must be in [1ms, 1m], got %s", c.Window)
+	}
+	if c.Pace <= 0 || c.Pace > 1 {
+		return fmt.Errorf("keypool: Config.Pace must be in (0, 1], got %g", c.Pace)
 	}
 	seen := make(map[string]bool, len(c.Keys))
 	for i, k := range c.Keys {
@@ -179,6 +219,8 @@ func (c Config) validate() error {
 			return fmt.Errorf("keypool: Config.Keys[%d] (%s).TPM must be > 0, got %d", i, k.ID, k.TPM)
 		case k.MaxInFlight < 0:
 			return fmt.Errorf("keypool: Config.Keys[%d] (%s).MaxInFlight must be >= 0, got %d", i, k.ID, k.MaxInFlight)
+		case k.Window < time.Millisecond || k.Window > time.Minute:
+			return fmt.Errorf("keypool: Config.Keys[%d] (%s).Window must be in [1ms, 1m], got %s", i, k.ID, k.Window)
 		}
 		seen[k.ID] = true
 	}
@@ -242,10 +284,10 @@ func (p *Pool) register(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.OpTimeout)
 	defer cancel()
 	keys := make([]string, len(p.cfg.Keys))
-	args := make([]any, 0, 5*len(p.cfg.Keys))
+	args := make([]any, 0, 7*len(p.cfg.Keys))
 	for i, k := range p.cfg.Keys {
 		keys[i] = stateKey(p.cfg.Prefix, k.ID)
-		args = append(args, string(k.Provider), k.Tier, k.RPM, k.TPM, k.MaxInFlight)
+		args = append(args, string(k.Provider), k.Tier, k.RPM, k.TPM, k.MaxInFlight, k.Window.Microseconds(), p.cfg.Pace)
 	}
 	res, err := p.sc.register.Run(ctx, p.rdb, keys, args...).Result()
 	if err != nil {
@@ -262,7 +304,8 @@ func (p *Pool) register(ctx context.Context) error {
 		}
 		k := p.cfg.Keys[i-1]
 		p.logger.Info("keypool: key limits changed by this process's configuration",
-			"key", k.ID, "route", k.Route().String(), "rpm", k.RPM, "tpm", k.TPM, "max_in_flight", k.MaxInFlight)
+			"key", k.ID, "route", k.Route().String(), "rpm", k.RPM, "tpm", k.TPM, "max_in_flight", k.MaxInFlight,
+			"window", k.Window, "pace", p.cfg.Pace)
 	}
 	return nil
 }
@@ -293,12 +336,21 @@ type Lease struct {
 	EstTokens int
 	// GrantedAt is the Redis time of the grant.
 	GrantedAt time.Time
+	// NotBefore is when the call may be made: GrantedAt, or later for a
+	// reservation made ahead (see Within). Calling earlier would spend a
+	// request the provider's bucket does not hold yet.
+	NotBefore time.Time
 	// ExpiresAt is when the in-flight slot frees itself if never settled.
 	ExpiresAt time.Time
 
 	grantedUS int64
 	settled   atomic.Bool
 }
+
+// Delay is how long after the grant the call may be made: zero unless the
+// lease was reserved ahead (Within). It is relative, so a caller whose
+// clock differs from Redis's still waits the right time.
+func (l *Lease) Delay() time.Duration { return l.NotBefore.Sub(l.GrantedAt) }
 
 // timeFromUS converts Redis µs to time.Time.
 func timeFromUS(us int64) time.Time { return time.UnixMicro(us) }

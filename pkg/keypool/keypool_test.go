@@ -43,8 +43,32 @@ type bundle struct {
 	cfg  Config
 }
 
-// setup builds a pool on the test's own Redis database.
+// minuteBuckets gives cfg whole-minute buckets spent to the full limit
+// (Window 1m, Pace 1) unless the test set Window or Pace itself: a key of
+// N RPM then takes N calls at once and refills N per minute. Tests about
+// something other than pacing (cooldowns, disabling, leases, headroom,
+// secrecy) use it so their numbers stay the simple ones; the pacing tests
+// (pace_test.go) set both.
+func minuteBuckets(cfg Config) Config {
+	if cfg.Window == 0 {
+		cfg.Window = time.Minute
+	}
+	if cfg.Pace == 0 {
+		cfg.Pace = 1
+	}
+	return cfg
+}
+
+// setup builds a pool with minuteBuckets(cfg) on the test's own Redis
+// database.
 func setup(t *testing.T, cfg Config) *bundle {
+	t.Helper()
+	return build(t, minuteBuckets(cfg))
+}
+
+// build builds a pool with cfg as given (zero Window and Pace take the
+// package defaults) on the test's own Redis database.
+func build(t *testing.T, cfg Config) *bundle {
 	t.Helper()
 	rdb := testenv.Redis(t)
 	if cfg.Prefix == "" {
@@ -75,11 +99,19 @@ func (b *bundle) now(t *testing.T) time.Time {
 	return now
 }
 
-// endCooldown ends a key's cooldown early, so a test can walk the cooldown
-// sequence without waiting it out. The 429 count is untouched.
+// endCooldown ends a key's cooldown early and refills its request bucket
+// (a 429 empties it), as waiting the cooldown out would, so a test can
+// walk the cooldown sequence without waiting. The 429 count and the
+// back-off factor are untouched.
 func (b *bundle) endCooldown(t *testing.T, id string) {
 	t.Helper()
-	require.NoError(t, b.rdb.HSet(context.Background(), stateKey(b.cfg.Prefix, id), "cu", 0).Err())
+	endCooldown(t, b.rdb, b.pool, id)
+}
+
+func endCooldown(t *testing.T, rdb *redis.Client, p *Pool, id string) {
+	t.Helper()
+	// The next read clamps the level to the bucket's capacity.
+	require.NoError(t, rdb.HSet(context.Background(), stateKey(p.cfg.Prefix, id), "cu", 0, "rl", 1e12).Err())
 }
 
 func (b *bundle) acquire(t *testing.T, r llm.Route, est int) *Lease {
@@ -123,6 +155,12 @@ func TestConfigValidate(t *testing.T) {
 		{"tiny lease ttl", func(c *Config) { c.LeaseTTL = time.Microsecond }, "Config.LeaseTTL"},
 		{"max below base", func(c *Config) { c.CooldownBase = 10 * time.Second; c.CooldownMax = time.Second }, "Config.CooldownMax"},
 		{"negative op timeout", func(c *Config) { c.OpTimeout = -time.Second }, "Config.OpTimeout"},
+		{"negative pace", func(c *Config) { c.Pace = -0.5 }, "Config.Pace must be in (0, 1], got -0.5"},
+		{"pace above 1", func(c *Config) { c.Pace = 1.02 }, "Config.Pace must be in (0, 1], got 1.02"},
+		{"window above a minute", func(c *Config) { c.Window = 2 * time.Minute }, "Config.Window must be in [1ms, 1m], got 2m0s"},
+		{"negative window", func(c *Config) { c.Window = -time.Second }, "Config.Window must be in [1ms, 1m], got -1s"},
+		{"key window above a minute", func(c *Config) { c.Keys[0].Window = 61 * time.Second }, "Keys[0] (a).Window must be in [1ms, 1m], got 1m1s"},
+		{"tiny key window", func(c *Config) { c.Keys[0].Window = time.Microsecond }, "Keys[0] (a).Window must be in [1ms, 1m]"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -142,27 +180,65 @@ func TestConfigValidate(t *testing.T) {
 	require.Equal(t, CooldownBaseDefault, cfg.CooldownBase)
 	require.Equal(t, CooldownMaxDefault, cfg.CooldownMax)
 	require.Equal(t, OpTimeoutDefault, cfg.OpTimeout)
+	require.Equal(t, WindowDefault, cfg.Window)
+	require.Equal(t, PaceDefault, cfg.Pace)
+	require.Equal(t, WindowDefault, cfg.Keys[0].Window, "a key without a window takes Config.Window")
+
+	own := key("b", haiku, 10, 1000)
+	own.Window = time.Minute
+	cfg = Config{Keys: []Key{good, own}, Window: 2 * time.Second}.withDefaults()
+	require.NoError(t, cfg.validate())
+	require.Equal(t, []time.Duration{2 * time.Second, time.Minute}, []time.Duration{cfg.Keys[0].Window, cfg.Keys[1].Window})
 }
 
-func TestRemaining(t *testing.T) {
+func TestHeaderArgs(t *testing.T) {
 	t.Parallel()
+	now := time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)
+	absent := []int64{-1, -1, -1}
 	tests := []struct {
-		name             string
-		rl               llm.RateLimit
-		wantReq, wantTok int
+		name         string
+		rl           llm.RateLimit
+		wantRequests []int64 // limit, remaining, reset µs
+		wantTokens   []int64
 	}{
-		{"unknown", llm.RateLimit{RequestsRemaining: 5, TokensRemaining: 7}, -1, -1},
-		{"both said", llm.RateLimit{Known: true, RequestsRemaining: 5, TokensRemaining: 7}, 5, 7},
-		{"zero without limit is absent", llm.RateLimit{Known: true, TokensRemaining: 7}, -1, 7},
-		{"zero with limit is zero", llm.RateLimit{Known: true, RequestsLimit: 60, TokensLimit: 1000}, 0, 0},
-		{"negative is ignored", llm.RateLimit{Known: true, RequestsLimit: 60, RequestsRemaining: -1, TokensRemaining: -1}, -1, -1},
+		{"unknown", llm.RateLimit{RequestsLimit: 60, RequestsRemaining: 5, TokensRemaining: 7}, absent, absent},
+		{"remaining without limit", llm.RateLimit{Known: true, RequestsRemaining: 5, TokensRemaining: 7},
+			[]int64{-1, 5, -1}, []int64{-1, 7, -1}},
+		{"zero without limit is absent", llm.RateLimit{Known: true, TokensRemaining: 7},
+			absent, []int64{-1, 7, -1}},
+		{"zero with limit is zero", llm.RateLimit{Known: true, RequestsLimit: 60, TokensLimit: 1000},
+			[]int64{60, 0, -1}, []int64{1000, 0, -1}},
+		{"negative is ignored", llm.RateLimit{Known: true, RequestsLimit: -1, RequestsRemaining: -1, TokensLimit: 1000, TokensRemaining: -1},
+			absent, []int64{1000, -1, -1}},
+		{"resets in µs from now", llm.RateLimit{Known: true,
+			RequestsLimit: 120, RequestsRemaining: 100, RequestsReset: now.Add(30 * time.Second),
+			TokensLimit: 60000, TokensRemaining: 59000, TokensReset: now.Add(1500 * time.Microsecond)},
+			[]int64{120, 100, 30_000_000}, []int64{60000, 59000, 1500}},
+		{"a reset of now is zero", llm.RateLimit{Known: true, RequestsLimit: 120, RequestsRemaining: 120, RequestsReset: now},
+			[]int64{120, 120, 0}, absent},
+		{"a reset in the past is absent", llm.RateLimit{Known: true, RequestsLimit: 120, RequestsRemaining: 7, RequestsReset: now.Add(-time.Second)},
+			[]int64{120, 7, -1}, absent},
+		{"a reset without limit is absent", llm.RateLimit{Known: true, RequestsRemaining: 7, RequestsReset: now.Add(time.Second)},
+			[]int64{-1, 7, -1}, absent},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			req, tok := remaining(tt.rl)
-			require.Equal(t, tt.wantReq, req)
-			require.Equal(t, tt.wantTok, tok)
+			args := headerArgs(tt.rl, now)
+			require.Len(t, args, 6)
+			got := make([]int64, len(args))
+			for i, a := range args {
+				switch v := a.(type) {
+				case int:
+					got[i] = int64(v)
+				case int64:
+					got[i] = v
+				default:
+					t.Fatalf("argument %d is %T, want an integer", i, a)
+				}
+			}
+			require.Equal(t, tt.wantRequests, got[:3], "requests")
+			require.Equal(t, tt.wantTokens, got[3:], "tokens")
 		})
 	}
 }
@@ -213,7 +289,7 @@ func TestAcquirePicksMostHeadroom(t *testing.T) {
 				l, err := p.Acquire(ctx, haiku, 0)
 				require.NoError(t, err)
 				require.Equal(t, "b", l.KeyID)
-				require.NoError(t, p.Failure(ctx, l, rateLimited(0)))
+				require.NoError(t, p.Failure(ctx, l, Cool, rateLimited(0)))
 				require.NoError(t, p.Disable(ctx, "c", "test"))
 			},
 			want: []string{"a", "a"},
@@ -227,7 +303,7 @@ func TestAcquirePicksMostHeadroom(t *testing.T) {
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			p, err := New(ctx, rdb, Config{Keys: tt.keys, Prefix: fmt.Sprintf("test:headroom:%d:", i)}, nil)
+			p, err := New(ctx, rdb, minuteBuckets(Config{Keys: tt.keys, Prefix: fmt.Sprintf("test:headroom:%d:", i)}), nil)
 			require.NoError(t, err)
 			if tt.prepare != nil {
 				tt.prepare(t, p)
@@ -289,7 +365,7 @@ func TestCooldownSequence(t *testing.T) {
 	for i, st := range steps {
 		n := i + 1
 		l := b.acquire(t, haiku, 10)
-		require.NoError(t, b.pool.Failure(ctx, l, rateLimited(st.retryAfter)))
+		require.NoError(t, b.pool.Failure(ctx, l, Cool, rateLimited(st.retryAfter)))
 
 		s := b.state(t, "a")
 		require.Equal(t, n, s.Consecutive429s, "step %d", n)
@@ -305,12 +381,14 @@ func TestCooldownSequence(t *testing.T) {
 	}
 }
 
-// TestCooldownExpires lets a short cooldown run out for real.
+// TestCooldownExpires lets a short cooldown run out for real. The key
+// refills a request every 67 µs (1,000,000 RPM slowed 10% by the 429), so
+// the request bucket the 429 emptied never outlasts the cooldown.
 func TestCooldownExpires(t *testing.T) {
 	t.Parallel()
-	b := setup(t, Config{Keys: []Key{key("a", haiku, 1000, 100000)}, CooldownBase: 10 * time.Millisecond, CooldownMax: 40 * time.Millisecond})
+	b := setup(t, Config{Keys: []Key{key("a", haiku, 1_000_000, 100_000_000)}, CooldownBase: 10 * time.Millisecond, CooldownMax: 40 * time.Millisecond})
 	ctx := context.Background()
-	require.NoError(t, b.pool.Failure(ctx, b.acquire(t, haiku, 1), rateLimited(0)))
+	require.NoError(t, b.pool.Failure(ctx, b.acquire(t, haiku, 1), Cool, rateLimited(0)))
 
 	_, err := b.pool.Acquire(ctx, haiku, 1)
 	ee := exhausted(t, err)
@@ -335,21 +413,21 @@ func TestConcurrent429sEscalateOnce(t *testing.T) {
 		ls = append(ls, b.acquire(t, haiku, 10))
 	}
 	for _, l := range ls[:3] {
-		require.NoError(t, b.pool.Failure(ctx, l, rateLimited(0)))
+		require.NoError(t, b.pool.Failure(ctx, l, Cool, rateLimited(0)))
 	}
 	s := b.state(t, "a")
 	require.Equal(t, 1, s.Consecutive429s)
 	require.InDelta(t, 2, s.CoolingUntil.Sub(b.now(t)).Seconds(), 0.25)
 
 	// An echo still honours a longer Retry-After.
-	require.NoError(t, b.pool.Failure(ctx, ls[3], rateLimited(7*time.Second)))
+	require.NoError(t, b.pool.Failure(ctx, ls[3], Cool, rateLimited(7*time.Second)))
 	s = b.state(t, "a")
 	require.Equal(t, 1, s.Consecutive429s)
 	require.InDelta(t, 7, s.CoolingUntil.Sub(b.now(t)).Seconds(), 0.25)
 
 	// A lease granted after the escalation is new evidence.
 	b.endCooldown(t, "a")
-	require.NoError(t, b.pool.Failure(ctx, b.acquire(t, haiku, 10), rateLimited(0)))
+	require.NoError(t, b.pool.Failure(ctx, b.acquire(t, haiku, 10), Cool, rateLimited(0)))
 	require.Equal(t, 2, b.state(t, "a").Consecutive429s)
 }
 
@@ -358,7 +436,7 @@ func TestSuccessResetsCount(t *testing.T) {
 	b := setup(t, Config{Keys: []Key{key("a", haiku, 1000, 100000)}})
 	ctx := context.Background()
 	for range 3 {
-		require.NoError(t, b.pool.Failure(ctx, b.acquire(t, haiku, 10), rateLimited(0)))
+		require.NoError(t, b.pool.Failure(ctx, b.acquire(t, haiku, 10), Cool, rateLimited(0)))
 		b.endCooldown(t, "a")
 	}
 	require.Equal(t, 3, b.state(t, "a").Consecutive429s)
@@ -366,7 +444,7 @@ func TestSuccessResetsCount(t *testing.T) {
 	require.NoError(t, b.pool.Success(ctx, b.acquire(t, haiku, 10), llm.Usage{InputTokens: 5, OutputTokens: 5}, llm.RateLimit{}))
 	require.Zero(t, b.state(t, "a").Consecutive429s)
 
-	require.NoError(t, b.pool.Failure(ctx, b.acquire(t, haiku, 10), rateLimited(0)))
+	require.NoError(t, b.pool.Failure(ctx, b.acquire(t, haiku, 10), Cool, rateLimited(0)))
 	s := b.state(t, "a")
 	require.Equal(t, 1, s.Consecutive429s)
 	require.InDelta(t, 2, s.CoolingUntil.Sub(b.now(t)).Seconds(), 0.25)
@@ -386,15 +464,15 @@ func TestQuotaAndAuthDisable(t *testing.T) {
 	} {
 		t.Run(string(tc.class), func(t *testing.T) {
 			t.Parallel()
-			p, err := New(ctx, rdb, Config{
+			p, err := New(ctx, rdb, minuteBuckets(Config{
 				Keys:   []Key{key("a", mini, 100, 10000), key("b", mini, 10, 10000)},
 				Prefix: fmt.Sprintf("test:disable:%d:", i),
-			}, nil)
+			}), nil)
 			require.NoError(t, err)
 			l, err := p.Acquire(ctx, mini, 0)
 			require.NoError(t, err)
 			require.Equal(t, "a", l.KeyID)
-			require.NoError(t, p.Failure(ctx, l, &llm.Error{Class: tc.class, Provider: llm.ProviderOpenAI, Status: 429, Code: tc.code}))
+			require.NoError(t, p.Failure(ctx, l, Disable, &llm.Error{Class: tc.class, Provider: llm.ProviderOpenAI, Status: 429, Code: tc.code}))
 
 			ss, err := p.Snapshot(ctx)
 			require.NoError(t, err)
@@ -444,9 +522,10 @@ func TestDisableUnknownKey(t *testing.T) {
 	require.Equal(t, "disabled by operator", b.state(t, "a").DisabledReason)
 }
 
-// TestFailuresThatDoNotCool: overloaded, transient, permanent and errors
-// that are not provider errors refund the tokens, keep the request counted,
-// and leave the cooldown and the 429 count alone.
+// TestFailuresThatDoNotCool: a Refund (what the dispatcher does on
+// overloaded, transient, permanent and non-provider errors) refunds the
+// tokens, keeps the request counted, and leaves the cooldown, the 429 count
+// and the back-off factor alone.
 func TestFailuresThatDoNotCool(t *testing.T) {
 	t.Parallel()
 	rdb := testenv.Redis(t)
@@ -462,17 +541,18 @@ func TestFailuresThatDoNotCool(t *testing.T) {
 			// 60 RPM and 6000 TPM refill 1 request and 100 tokens per
 			// second: a few ms of test time move them by well under the
 			// tolerances below.
-			p, err := New(ctx, rdb, Config{Keys: []Key{key("a", haiku, 60, 6000)}, Prefix: fmt.Sprintf("test:nocool:%d:", i)}, nil)
+			p, err := New(ctx, rdb, minuteBuckets(Config{Keys: []Key{key("a", haiku, 60, 6000)}, Prefix: fmt.Sprintf("test:nocool:%d:", i)}), nil)
 			require.NoError(t, err)
 			// One earlier 429, its cooldown ended: the count must survive.
-			require.NoError(t, p.Failure(ctx, mustAcquire(t, p, haiku, 100), rateLimited(0)))
-			require.NoError(t, rdb.HSet(ctx, stateKey(p.cfg.Prefix, "a"), "cu", 0).Err())
+			require.NoError(t, p.Failure(ctx, mustAcquire(t, p, haiku, 100), Cool, rateLimited(0)))
+			endCooldown(t, rdb, p, "a")
 
 			before := snap(t, p)[0]
-			require.NoError(t, p.Failure(ctx, mustAcquire(t, p, haiku, 3000), callErr))
+			require.NoError(t, p.Failure(ctx, mustAcquire(t, p, haiku, 3000), Refund, callErr))
 			s := snap(t, p)[0]
 			require.True(t, s.CoolingUntil.IsZero(), "cooling after %v", callErr)
 			require.Equal(t, 1, s.Consecutive429s)
+			require.InDelta(t, before.EffectiveRPM, s.EffectiveRPM, 1e-9, "no further back-off")
 			require.False(t, s.Disabled)
 			require.Zero(t, s.InFlight)
 			require.InDelta(t, before.TokensAvailable, s.TokensAvailable, 5, "tokens refunded")
@@ -509,7 +589,9 @@ func TestSettle(t *testing.T) {
 			return p.Success(ctx, l, llm.Usage{}, llm.RateLimit{})
 		}, 1000},
 		{"release refunds all", 1000, func(p *Pool, l *Lease) error { return p.Release(ctx, l) }, 0},
-		{"429 keeps the reservation", 1000, func(p *Pool, l *Lease) error { return p.Failure(ctx, l, rateLimited(0)) }, 1000},
+		{"429 keeps the reservation", 1000, func(p *Pool, l *Lease) error { return p.Failure(ctx, l, Cool, rateLimited(0)) }, 1000},
+		{"refund refunds all", 1000, func(p *Pool, l *Lease) error { return p.Failure(ctx, l, Refund, errors.New("boom")) }, 0},
+		{"return refunds all", 1000, func(p *Pool, l *Lease) error { return p.Return(ctx, l) }, 0},
 		{"charge into debt", 5000, func(p *Pool, l *Lease) error {
 			return p.Success(ctx, l, llm.Usage{InputTokens: 8000}, llm.RateLimit{})
 		}, 8000},
@@ -517,7 +599,7 @@ func TestSettle(t *testing.T) {
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
-			p, err := New(ctx, rdb, Config{Keys: []Key{key("a", haiku, 600, tpm)}, Prefix: fmt.Sprintf("test:settle:%d:", i)}, nil)
+			p, err := New(ctx, rdb, minuteBuckets(Config{Keys: []Key{key("a", haiku, 600, tpm)}, Prefix: fmt.Sprintf("test:settle:%d:", i)}), nil)
 			require.NoError(t, err)
 			l := mustAcquire(t, p, haiku, tt.est)
 			require.InDelta(t, tpm-tt.est, snap(t, p)[0].TokensAvailable, 5, "reserved at acquire")
@@ -533,7 +615,7 @@ func TestSettle(t *testing.T) {
 
 	t.Run("debt delays the next grant", func(t *testing.T) {
 		t.Parallel()
-		p, err := New(ctx, rdb, Config{Keys: []Key{key("a", haiku, 600, tpm)}, Prefix: "test:settle:debt:"}, nil)
+		p, err := New(ctx, rdb, minuteBuckets(Config{Keys: []Key{key("a", haiku, 600, tpm)}, Prefix: "test:settle:debt:"}), nil)
 		require.NoError(t, err)
 		require.NoError(t, p.Success(ctx, mustAcquire(t, p, haiku, 5000), llm.Usage{InputTokens: 8000}, llm.RateLimit{}))
 		// Level ≈ -2000; 100 more tokens need 2100 at 100/s.
@@ -582,11 +664,14 @@ func TestHeaderCorrection(t *testing.T) {
 	require.InDelta(t, 9, s.RequestsAvailable, 0.1)
 	require.InDelta(t, 400, s.TokensAvailable, 5)
 
-	// A 429's headers lower too: remaining 0 empties the request bucket.
-	rl := rateLimited(0).(*llm.Error)
-	rl.RateLimit = llm.RateLimit{Known: true, RequestsLimit: 100}
-	require.NoError(t, b.pool.Failure(ctx, b.acquire(t, haiku, 100), rl))
-	require.InDelta(t, 0, b.state(t, "a").RequestsAvailable, 0.1)
+	// A failure's headers lower too: remaining 0 empties the request
+	// bucket, although a Refund itself leaves the key alone.
+	overloaded := &llm.Error{Class: llm.ClassOverloaded, Provider: llm.ProviderClaude, Status: 529,
+		RateLimit: llm.RateLimit{Known: true, RequestsLimit: 100}}
+	require.NoError(t, b.pool.Failure(ctx, b.acquire(t, haiku, 100), Refund, overloaded))
+	s = b.state(t, "a")
+	require.InDelta(t, 0, s.RequestsAvailable, 0.1)
+	require.True(t, s.CoolingUntil.IsZero())
 }
 
 func TestLeaseExpiryFreesInFlightSlot(t *testing.T) {
@@ -618,21 +703,53 @@ func TestLeaseExpiryFreesInFlightSlot(t *testing.T) {
 	require.Zero(t, b.state(t, "a").InFlight)
 }
 
-// drain empties both buckets of the route's keys through the header
-// correction, so a test starts from a known, empty state.
+// TestLeaseSetOutlivesReservations: a key's lease set expires only after
+// its last lease, also when a grant for now follows a lease reserved
+// further ahead (whose expiry is later).
+func TestLeaseSetOutlivesReservations(t *testing.T) {
+	t.Parallel()
+	b := build(t, Config{Keys: []Key{key("a", haiku, 120, 1_000_000)}, Pace: 1, LeaseTTL: time.Second})
+	ctx := context.Background()
+	given := []*Lease{b.acquire(t, haiku, 0), b.acquire(t, haiku, 0)}
+	var ahead *Lease
+	for range 3 { // 0.5, 1.0 and 1.5 s ahead
+		l, err := b.pool.Acquire(ctx, haiku, 0, Within(2*time.Second))
+		require.NoError(t, err)
+		given, ahead = append(given, l), l
+	}
+	for _, l := range given[:4] {
+		require.NoError(t, b.pool.Return(ctx, l))
+	}
+	// The returns may not fill the bucket past the reservation still
+	// ahead (its debt would be forgotten), so the next grant is ahead too,
+	// but sooner than that one.
+	l, err := b.pool.Acquire(ctx, haiku, 0, Within(2*time.Second))
+	require.NoError(t, err)
+	require.Positive(t, l.Delay(), "returns refilled the bucket over a reservation's debt")
+	require.True(t, l.ExpiresAt.Before(ahead.ExpiresAt))
+
+	pttl, err := b.rdb.PTTL(ctx, leasesKey(b.cfg.Prefix, "a")).Result()
+	require.NoError(t, err)
+	require.False(t, b.now(t).Add(pttl).Before(ahead.ExpiresAt), "the set expires before the lease reserved ahead")
+}
+
+// drain empties the request or token bucket (or both) of every key of the
+// route through the header correction (the provider reporting its own limit
+// and nothing remaining), so a test starts from a known, empty state.
 func drain(t *testing.T, p *Pool, r llm.Route, requests, tokens bool) {
 	t.Helper()
 	ctx := context.Background()
-	rl := llm.RateLimit{Known: true}
-	if requests {
-		rl.RequestsLimit = 1
-	}
-	if tokens {
-		rl.TokensLimit = 1
-	}
 	seen := map[string]bool{}
 	for len(seen) < len(p.routes[r]) {
 		l := mustAcquire(t, p, r, 0)
+		k := p.cfg.Keys[p.byID[l.KeyID]]
+		rl := llm.RateLimit{Known: true}
+		if requests {
+			rl.RequestsLimit = k.RPM
+		}
+		if tokens {
+			rl.TokensLimit = k.TPM
+		}
 		seen[l.KeyID] = true
 		require.NoError(t, p.Success(ctx, l, llm.Usage{}, rl))
 	}
@@ -645,7 +762,7 @@ func TestExhaustedRetryAfterIsAccurate(t *testing.T) {
 	ctx := context.Background()
 	la, lb := b.acquire(t, haiku, 0), b.acquire(t, haiku, 0)
 	require.Equal(t, []string{"a", "b"}, []string{la.KeyID, lb.KeyID})
-	require.NoError(t, b.pool.Failure(ctx, lb, rateLimited(0)))
+	require.NoError(t, b.pool.Failure(ctx, lb, Cool, rateLimited(0)))
 	require.NoError(t, b.pool.Success(ctx, la, llm.Usage{}, llm.RateLimit{Known: true, RequestsLimit: 600}))
 	require.False(t, b.state(t, "b").CoolingUntil.IsZero())
 
@@ -672,7 +789,7 @@ func TestSnapshotAndLogsNeverContainTheKey(t *testing.T) {
 	logger := slog.New(slog.NewJSONHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	rdb := testenv.Redis(t)
 	ctx := context.Background()
-	cfg := Config{Keys: []Key{key("a", haiku, 100, 10000), key("b", haiku, 100, 10000)}, Prefix: "test:secret:"}
+	cfg := minuteBuckets(Config{Keys: []Key{key("a", haiku, 100, 10000), key("b", haiku, 100, 10000)}, Prefix: "test:secret:"})
 	p, err := New(ctx, rdb, cfg, logger)
 	require.NoError(t, err)
 
@@ -681,8 +798,8 @@ func TestSnapshotAndLogsNeverContainTheKey(t *testing.T) {
 	require.Equal(t, secretOf(l.KeyID), l.APIKey.Reveal(), "the lease carries the real credential")
 	outputs = append(outputs, fmt.Sprintf("%v %+v %#v", l, l, l))
 	require.NoError(t, p.Success(ctx, l, llm.Usage{InputTokens: 10}, llm.RateLimit{Known: true, RequestsLimit: 100, RequestsRemaining: 3}))
-	require.NoError(t, p.Failure(ctx, mustAcquire(t, p, haiku, 100), rateLimited(time.Second)))
-	require.NoError(t, p.Failure(ctx, mustAcquire(t, p, haiku, 100), &llm.Error{Class: llm.ClassAuth, Provider: llm.ProviderClaude, Status: 401}))
+	require.NoError(t, p.Failure(ctx, mustAcquire(t, p, haiku, 100), Cool, rateLimited(time.Second)))
+	require.NoError(t, p.Failure(ctx, mustAcquire(t, p, haiku, 100), Disable, &llm.Error{Class: llm.ClassAuth, Provider: llm.ProviderClaude, Status: 401}))
 	_, err = p.Acquire(ctx, haiku, 100)
 	outputs = append(outputs, err.Error())
 	require.NoError(t, p.Enable(ctx, "a"))
@@ -728,7 +845,7 @@ func TestRegistrationKeepsState(t *testing.T) {
 	newProc := func(rpm int) *Pool {
 		c := redis.NewClient(opts)
 		t.Cleanup(func() { c.Close() })
-		p, err := New(ctx, c, Config{Keys: []Key{key("a", haiku, rpm, 100000)}, Prefix: "test:reg:"}, nil)
+		p, err := New(ctx, c, minuteBuckets(Config{Keys: []Key{key("a", haiku, rpm, 100000)}, Prefix: "test:reg:"}), nil)
 		require.NoError(t, err)
 		return p
 	}
@@ -773,9 +890,9 @@ func TestAvailable(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, map[llm.Route]int{haiku: 3, sonnet: 1}, av)
 
-	require.NoError(t, b.pool.Failure(ctx, b.acquire(t, haiku, 0), rateLimited(0)))
+	require.NoError(t, b.pool.Failure(ctx, b.acquire(t, haiku, 0), Cool, rateLimited(0)))
 	require.NoError(t, b.pool.Disable(ctx, "h3", "test"))
-	require.NoError(t, b.pool.Failure(ctx, b.acquire(t, sonnet, 0), rateLimited(0)))
+	require.NoError(t, b.pool.Failure(ctx, b.acquire(t, sonnet, 0), Cool, rateLimited(0)))
 	av, err = b.pool.Available(ctx)
 	require.NoError(t, err)
 	require.Equal(t, map[llm.Route]int{haiku: 1, sonnet: 0}, av)
@@ -789,5 +906,7 @@ func TestSettleForeignLease(t *testing.T) {
 	err := b.pool.Success(ctx, &Lease{KeyID: "zzz"}, llm.Usage{}, llm.RateLimit{})
 	require.ErrorIs(t, err, ErrUnknownKey)
 	require.Error(t, b.pool.Release(ctx, nil))
-	require.True(t, errors.Is(b.pool.Failure(ctx, &Lease{KeyID: "zzz"}, nil), ErrUnknownKey))
+	require.True(t, errors.Is(b.pool.Failure(ctx, &Lease{KeyID: "zzz"}, Refund, nil), ErrUnknownKey))
+	require.ErrorIs(t, b.pool.Return(ctx, &Lease{KeyID: "zzz"}), ErrUnknownKey)
+	require.Error(t, b.pool.Return(ctx, nil))
 }

@@ -4,10 +4,12 @@ package keypool
 // prefix isolates one pool (or one test) from every other.
 
 // stateKey is the hash holding one provider key's limits and state:
-// provider, tier, rpm, tpm, mif (limits, written at registration), rl, tl, ts
-// (bucket levels and the Redis time in µs they were computed at), n
-// (consecutive 429s), cu (cooling until, µs), cs (time of the last cooldown
-// escalation, µs), off and off_at (disable reason and time).
+// provider, tier, rpm, tpm, mif, win (µs), pace (configuration, written at
+// registration), hr, ht (limits the provider reported below ours, 0: none),
+// f (429 back-off factor), rl, tl, ts (bucket levels and the Redis time in
+// µs they were computed at), n (consecutive 429s), cu (cooling until, µs),
+// cs (time of the last cooldown escalation, µs), off and off_at (disable
+// reason and time). See doc.go, "Redis layout".
 func stateKey(prefix, keyID string) string { return prefix + "key:" + keyID }
 
 // leasesKey is the sorted set of one provider key's in-flight lease ids,

@@ -7,22 +7,70 @@ import "github.com/redis/go-redis/v9"
 // to Redis go through fmt17 because Lua's tostring keeps only 14 significant
 // digits, which would round a µs timestamp (16 digits).
 
-// luaCommon is prepended to every script.
+// luaCommon is prepended to every script. load() is the one reading of a
+// key's state: it applies the pacing model (doc.go, "Bucket model") so that
+// acquire, settle and snapshot cannot disagree about it.
 const luaCommon = `
 local function nowus()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local function fmt17(x) return string.format('%.17g', x) end
--- refill returns level grown by the elapsed time at cap per minute,
--- clamped to cap. A level may be negative (a debt from a settle charge or a
--- header correction); it then refills from below zero.
-local function refill(level, cap, ts, now)
+local FIELDS = {'rpm', 'tpm', 'mif', 'win', 'pace', 'rl', 'tl', 'ts', 'n', 'cu', 'cs', 'off', 'hr', 'ht', 'f', 'rv'}
+-- JITTER (µs) is the arrival jitter pacing absorbs on a key whose provider
+-- bucket holds less than two requests (RPM·window < 2/min·min): such a
+-- bucket never builds a reserve, so two calls granted one refill apart
+-- must also arrive at least that far apart; each grant is spaced JITTER
+-- more. Larger buckets build their reserve from the pace margin.
+local JITTER = 50000
+-- load returns the state of key hash h with both buckets brought up to now,
+-- or nil when the key is not registered. er/et are the effective
+-- per-minute rates: the configured limit, lowered to a limit the provider
+-- reported, times pace and the adaptive factor f. capR/capT are the bucket
+-- capacities: win's share of those rates (at least one request). A level
+-- may be negative: a debt (a reservation ahead of time, a settle charge, a
+-- header correction) that refills from below zero.
+local function load(h, now)
+  local v = redis.call('HMGET', h, unpack(FIELDS))
+  local rpm, tpm = tonumber(v[1]), tonumber(v[2])
+  if not rpm or not tpm then return nil end
+  local s = {rpm = rpm, tpm = tpm, mif = tonumber(v[3]) or 0, win = tonumber(v[4]) or 60000000,
+    pace = tonumber(v[5]) or 1, n = tonumber(v[9]) or 0, cu = tonumber(v[10]) or 0, cs = tonumber(v[11]) or 0,
+    off = v[12], hr = tonumber(v[13]) or 0, ht = tonumber(v[14]) or 0, f = tonumber(v[15]) or 1,
+    rv = tonumber(v[16]) or 0}
+  local er, et = rpm, tpm
+  if s.hr > 0 and s.hr < er then er = s.hr end
+  if s.ht > 0 and s.ht < et then et = s.ht end
+  local pr = er
+  if er * s.win / 60000000 < 2 then pr = math.min(er, 60000000 / (60000000 / er + JITTER)) end
+  s.er, s.et = math.min(pr, er * s.pace) * s.f, et * s.pace * s.f
+  s.capR = s.er * s.win / 60000000
+  if s.capR < 1 then s.capR = 1 end
+  s.capT = s.et * s.win / 60000000
+  local ts = tonumber(v[8]) or now
   local dt = now - ts
   if dt < 0 then dt = 0 end
-  local l = level + dt * cap / 60000000
-  if l > cap then l = cap end
-  return l
+  s.rl = math.min(s.capR, (tonumber(v[6]) or s.capR) + dt * s.er / 60000000)
+  s.tl = math.min(s.capT, (tonumber(v[7]) or s.capT) + dt * s.et / 60000000)
+  return s
+end
+local function save(h, s, now)
+  redis.call('HSET', h, 'rl', fmt17(s.rl), 'tl', fmt17(s.tl), 'ts', fmt17(now), 'n', s.n,
+    'cu', fmt17(s.cu), 'cs', fmt17(s.cs), 'f', fmt17(s.f), 'hr', s.hr, 'ht', s.ht, 'rv', fmt17(s.rv))
+end
+-- wait returns the µs until s has room for one request of est tokens (0:
+-- now) and which bucket holds it back. A request larger than a window's
+-- tokens is admitted from a full bucket, leaving a debt, as providers do.
+local function wait(s, est)
+  local w, why = 0, ''
+  if s.rl < 1 then w, why = (1 - s.rl) * 60000000 / s.er, 'requests' end
+  local need = est
+  if need > s.capT then need = s.capT end
+  if s.tl < need then
+    local x = (need - s.tl) * 60000000 / s.et
+    if x > w then w, why = x, 'tokens' end
+  end
+  return w, why
 end
 `
 
@@ -32,105 +80,102 @@ end
 // levels are only clamped to a lowered capacity.
 //
 // KEYS[i]            state hash of key i
-// ARGV[5i-4 .. 5i]   provider, tier, rpm, tpm, max in-flight of key i
+// ARGV[7i-6 .. 7i]   provider, tier, rpm, tpm, max in-flight, window (µs), pace of key i
 // Reply: array of the 1-based indexes of keys whose stored limits changed.
 const registerLua = luaCommon + `
 local now = nowus()
 local changed = {}
 for i = 1, #KEYS do
-  local b = 5 * (i - 1)
-  local provider, tier = ARGV[b + 1], ARGV[b + 2]
-  local rpm, tpm, mif = tonumber(ARGV[b + 3]), tonumber(ARGV[b + 4]), tonumber(ARGV[b + 5])
-  local v = redis.call('HMGET', KEYS[i], 'rpm', 'tpm', 'mif', 'rl', 'tl', 'provider', 'tier')
-  if not v[1] then
-    redis.call('HSET', KEYS[i], 'provider', provider, 'tier', tier, 'rpm', rpm, 'tpm', tpm, 'mif', mif,
-      'rl', rpm, 'tl', tpm, 'ts', fmt17(now))
-  else
-    if tonumber(v[1]) ~= rpm or tonumber(v[2]) ~= tpm or tonumber(v[3]) ~= mif or v[6] ~= provider or v[7] ~= tier then
-      changed[#changed + 1] = i
+  local b = 7 * (i - 1)
+  local h = KEYS[i]
+  local old = redis.call('HMGET', h, 'rpm', 'tpm', 'mif', 'win', 'pace', 'provider', 'tier')
+  if old[1] then
+    for j = 1, 5 do
+      if tonumber(old[j]) ~= tonumber(ARGV[b + 2 + j]) then changed[#changed + 1] = i; break end
     end
-    local rl, tl = tonumber(v[4]) or rpm, tonumber(v[5]) or tpm
-    if rl > rpm then rl = rpm end
-    if tl > tpm then tl = tpm end
-    redis.call('HSET', KEYS[i], 'provider', provider, 'tier', tier, 'rpm', rpm, 'tpm', tpm, 'mif', mif,
-      'rl', fmt17(rl), 'tl', fmt17(tl))
+    if old[6] ~= ARGV[b + 1] or old[7] ~= ARGV[b + 2] then
+      if changed[#changed] ~= i then changed[#changed + 1] = i end
+    end
   end
+  redis.call('HSET', h, 'provider', ARGV[b + 1], 'tier', ARGV[b + 2], 'rpm', ARGV[b + 3], 'tpm', ARGV[b + 4],
+    'mif', ARGV[b + 5], 'win', ARGV[b + 6], 'pace', ARGV[b + 7])
+  -- load() fills a new key's buckets and clamps an old key's levels to the
+  -- (possibly smaller) capacities; save() writes them back.
+  save(h, load(h, now), now)
 end
 return changed
 `
 
-// acquireLua picks the key with the most headroom among the route's keys
-// and reserves one request and est tokens on it, in one atomic step.
+// acquireLua picks a key of the route and reserves one request and est
+// tokens on it, in one atomic step. A key with room now wins by headroom;
+// with ahead > 0, a key whose buckets refill within ahead µs may be
+// reserved for that moment (the caller waits until then), the earliest one
+// winning. Cooling keys and keys at their in-flight cap are never reserved.
 //
 // KEYS[2i-1], KEYS[2i]  state hash and lease set of candidate key i
 // ARGV[1]  estimated tokens to reserve (>= 0)
 // ARGV[2]  lease TTL in µs
 // ARGV[3]  lease id
+// ARGV[4]  how far ahead a reservation may be made, µs (0: only now)
 // Reply:
 //
-//	{1, i, now, expiry}        granted on key i; lease expires at expiry (µs)
+//	{1, i, now, expiry, at}    granted on key i for time at (>= now); the
+//	                           lease expires at expiry (µs)
 //	{0, wait, reason, now}     no room; the earliest key has room in wait µs
 //	                           (-1: every fitting key is disabled); reason is
 //	                           requests|tokens|cooling|in_flight|disabled
 //	{-1, now}                  est exceeds the TPM of every key: never fits
 //	{-2, i}                    key i is not registered (Redis lost its state)
 const acquireLua = luaCommon + `
-local est, ttl, lease = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3]
+local est, ttl, lease, ahead = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local now = nowus()
-local best, bestHead, bestRL, bestTL = 0, 0, 0, 0
+local best, bestWait, bestHead, bestS = 0, 0, 0, nil
 local minWait, minReason = -1, 'disabled'
 local fits = 0
 for i = 1, #KEYS / 2 do
   local h, z = KEYS[2 * i - 1], KEYS[2 * i]
-  local v = redis.call('HMGET', h, 'rpm', 'tpm', 'mif', 'rl', 'tl', 'ts', 'cu', 'off')
-  local rpm, tpm = tonumber(v[1]), tonumber(v[2])
-  if not rpm or not tpm then return {-2, i} end
-  if est <= tpm then
+  local s = load(h, now)
+  if not s then return {-2, i} end
+  if est <= s.tpm then
     fits = fits + 1
-    if not v[8] then
-      local mif = tonumber(v[3]) or 0
-      local ts = tonumber(v[6]) or now
-      local rl = refill(tonumber(v[4]) or rpm, rpm, ts, now)
-      local tl = refill(tonumber(v[5]) or tpm, tpm, ts, now)
-      local wait, reason = 0, ''
-      local cu = tonumber(v[7]) or 0
-      if cu > now then wait, reason = cu - now, 'cooling' end
+    if not s.off then
+      local w, reason = wait(s, est)
+      -- hard: a wait no reservation may skip.
+      local hard, hreason = 0, ''
+      if s.cu > now then hard, hreason = s.cu - now, 'cooling' end
       local inflight = 0
-      if mif > 0 then
+      if s.mif > 0 then
         -- Drop expired leases before counting: a killed worker's slot
         -- comes back here. (Without a MaxInFlight the count matters to no
         -- decision; that set is pruned when the key is granted on.)
         redis.call('ZREMRANGEBYSCORE', z, '-inf', now)
         inflight = redis.call('ZCARD', z)
-        if inflight >= mif then
+        if inflight >= s.mif then
           local first = redis.call('ZRANGE', z, 0, 0, 'WITHSCORES')
-          local w = tonumber(first[2]) - now
-          if w > wait then wait, reason = w, 'in_flight' end
+          local x = tonumber(first[2]) - now
+          if x > hard then hard, hreason = x, 'in_flight' end
         end
       end
-      if rl < 1 then
-        local w = (1 - rl) * 60000000 / rpm
-        if w > wait then wait, reason = w, 'requests' end
-      end
-      if tl < est then
-        local w = (est - tl) * 60000000 / tpm
-        if w > wait then wait, reason = w, 'tokens' end
-      end
-      if wait <= 0 then
+      if hard == 0 and w <= ahead then
         -- Headroom: the smallest fraction of any limit left after this
-        -- reservation. Ties keep the earlier key (configuration order).
-        local head = (rl - 1) / rpm
-        local th = (tl - est) / tpm
+        -- reservation. The earliest key wins; among keys free now, the
+        -- one with most headroom; ties keep configuration order.
+        local head = (s.rl - 1) / s.capR
+        local th = (s.tl - est) / math.max(s.capT, est)
         if th < head then head = th end
-        if mif > 0 then
-          local ih = (mif - inflight - 1) / mif
+        if s.mif > 0 then
+          local ih = (s.mif - inflight - 1) / s.mif
           if ih < head then head = ih end
         end
-        if best == 0 or head > bestHead then
-          best, bestHead, bestRL, bestTL = i, head, rl, tl
+        if best == 0 or w < bestWait or (w == bestWait and head > bestHead) then
+          best, bestWait, bestHead, bestS = i, w, head, s
         end
-      elseif minWait < 0 or wait < minWait then
-        minWait, minReason = wait, reason
+      else
+        -- A soft wait is reported up to the horizon, not to room now: the
+        -- caller that comes back then can reserve.
+        local x, why = math.max(w - ahead, 1), reason
+        if hard > x then x, why = hard, hreason end
+        if minWait < 0 or x < minWait then minWait, minReason = x, why end
       end
     end
   end
@@ -144,71 +189,116 @@ if best == 0 then
   return {0, minWait, minReason, now}
 end
 local h, z = KEYS[2 * best - 1], KEYS[2 * best]
-redis.call('HSET', h, 'rl', fmt17(bestRL - 1), 'tl', fmt17(bestTL - est), 'ts', fmt17(now))
+bestS.rl = bestS.rl - 1
+bestS.tl = bestS.tl - est
+local at = now + math.ceil(bestWait)
+if at > bestS.rv then bestS.rv = at end
+save(h, bestS, now)
 redis.call('ZREMRANGEBYSCORE', z, '-inf', now)
-redis.call('ZADD', z, now + ttl, lease)
+redis.call('ZADD', z, at + ttl, lease)
 -- The set outlives its last lease by a second at most, so an idle key
--- leaves nothing behind.
-redis.call('PEXPIRE', z, math.ceil(ttl / 1000) + 1000)
-return {1, best, now, now + ttl}
+-- leaves nothing behind. Only ever extended: a lease reserved further
+-- ahead may expire after this one.
+local keep = math.ceil((at - now + ttl) / 1000) + 1000
+if redis.call('PTTL', z) < keep then redis.call('PEXPIRE', z, keep) end
+return {1, best, now, at + ttl, at}
 `
 
-// settleLua ends a lease: it removes the lease, returns or charges tokens,
-// applies the provider's remaining counts (only ever lowering a bucket) and
-// updates the 429 state according to op.
+// settleLua ends a lease: it removes the lease, returns or charges tokens
+// (and the request, when the call was never made), applies what the
+// provider's rate-limit headers said (only ever lowering) and updates the
+// 429 state according to op.
 //
 // KEYS[1]  state hash of the key
 // KEYS[2]  lease set of the key
 // ARGV[1]  lease id
 // ARGV[2]  tokens to give back to the token bucket (negative: charge more)
-// ARGV[3]  requests remaining per the provider (-1: unknown)
-// ARGV[4]  tokens remaining per the provider (-1: unknown)
-// ARGV[5]  op: ok (reset the 429 count) | cool (a 429) | off (disable) | none
-// ARGV[6]  lease grant time (µs)
-// ARGV[7]  cooldown base (µs)
-// ARGV[8]  cooldown max (µs)
-// ARGV[9]  provider Retry-After (µs, 0 when absent)
-// ARGV[10] disable reason (op off)
+// ARGV[3]  1 to give the request back too (the call was never made), else 0
+// ARGV[4]  op: ok (reset the 429 count) | cool (a 429) | off (disable) | none
+// ARGV[5]  lease grant time (µs)
+// ARGV[6]  cooldown base (µs)
+// ARGV[7]  cooldown max (µs)
+// ARGV[8]  provider Retry-After (µs, 0 when absent)
+// ARGV[9]  disable reason (op off)
+// ARGV[10..15] provider headers, -1 when absent: requests limit,
+// remaining, reset (µs from now); tokens limit, remaining, reset
 // Reply: {lease was live (0|1), consecutive 429s, cooling until (µs), now,
 // bucket lowered by the provider's headers (0|1), registered (0|1)}
 const settleLua = luaCommon + `
 local now = nowus()
 local removed = redis.call('ZREM', KEYS[2], ARGV[1])
-local v = redis.call('HMGET', KEYS[1], 'rpm', 'tpm', 'rl', 'tl', 'ts', 'n', 'cu', 'cs')
-local rpm, tpm = tonumber(v[1]), tonumber(v[2])
-if not rpm or not tpm then return {removed, 0, 0, now, 0, 0} end
-local ts = tonumber(v[5]) or now
-local rl = refill(tonumber(v[3]) or rpm, rpm, ts, now)
-local tl = refill(tonumber(v[4]) or tpm, tpm, ts, now) + tonumber(ARGV[2])
-if tl > tpm then tl = tpm end
-local lowered = 0
-local remR, remT = tonumber(ARGV[3]), tonumber(ARGV[4])
-if remR >= 0 and remR < rl then rl = remR; lowered = 1 end
-if remT >= 0 and remT < tl then tl = remT; lowered = 1 end
-local n, cu, cs = tonumber(v[6]) or 0, tonumber(v[7]) or 0, tonumber(v[8]) or 0
-local op = ARGV[5]
+local s = load(KEYS[1], now)
+if not s then return {removed, 0, 0, now, 0, 0} end
+local rl0, tl0 = s.rl, s.tl
+s.tl = math.min(s.capT, s.tl + tonumber(ARGV[2]))
+if ARGV[3] == '1' then s.rl = math.min(s.capR, s.rl + 1) end
+-- A credit must not let the buckets fill before the last reservation made
+-- ahead is due: refilling clamps at capacity and would forget that
+-- reservation's debt. So while one is outstanding, a credit raises a level
+-- only up to capacity less the refill still to come before it.
+if s.rv > now then
+  local a = (s.rv - now) / 60000000
+  s.rl = math.min(s.rl, math.max(rl0, s.capR - a * s.er))
+  s.tl = math.min(s.tl, math.max(tl0, s.capT - a * s.et))
+end
+-- A limit the provider reports below ours becomes the effective limit; one
+-- at or above ours ends an earlier correction.
+local function learn(lim, conf, cur)
+  if lim <= 0 then return cur end
+  if lim < conf then return lim end
+  return 0
+end
+s.hr = learn(tonumber(ARGV[10]), s.rpm, s.hr)
+s.ht = learn(tonumber(ARGV[13]), s.tpm, s.ht)
+-- bound: the provider's per-minute bucket holds remaining, and (refilling
+-- at limit per minute) reaches full after reset; our window bucket never
+-- holds more than that bucket.
+-- A reset over a minute (x < 0) fits no per-minute bucket (a daily limit,
+-- an odd host): it is ignored, and remaining still counts.
+local function bound(level, lim, rem, reset)
+  local b = -1
+  if rem >= 0 then b = rem end
+  if reset >= 0 and lim > 0 then
+    local x = lim - reset * lim / 60000000
+    if x >= 0 and (b < 0 or x < b) then b = x end
+  end
+  if b >= 0 and b < level then return b, 1 end
+  return level, 0
+end
+local lr, lt
+s.rl, lr = bound(s.rl, tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]))
+s.tl, lt = bound(s.tl, tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15]))
+local lowered = math.max(lr, lt)
+local op = ARGV[4]
 if op == 'ok' then
-  n = 0
+  s.n = 0
+  -- Additive increase after a multiplicative decrease (below).
+  s.f = math.min(1, s.f + 0.02)
 elseif op == 'cool' then
+  -- The provider says the key is empty now, whatever our model thought.
+  if s.rl > 0 then s.rl = 0; lowered = 1 end
   local d = 0
   -- Only a lease granted after the last escalation is new evidence: the
   -- other calls in flight when the key was first cooled would otherwise
   -- each double the cooldown for one and the same overload.
-  if tonumber(ARGV[6]) >= cs then
-    n = n + 1
-    cs = now
-    d = tonumber(ARGV[7]) * 2 ^ n
-    if d > tonumber(ARGV[8]) then d = tonumber(ARGV[8]) end
+  if tonumber(ARGV[5]) >= s.cs then
+    s.n = s.n + 1
+    s.cs = now
+    -- A paced key that still gets 429s meters tighter than configured:
+    -- pace it 10% slower (at most down to half), until successes bring it
+    -- back.
+    s.f = math.max(0.5, s.f * 0.9)
+    d = tonumber(ARGV[6]) * 2 ^ s.n
+    if d > tonumber(ARGV[7]) then d = tonumber(ARGV[7]) end
   end
-  local ra = tonumber(ARGV[9])
+  local ra = tonumber(ARGV[8])
   if ra > d then d = ra end
-  if now + d > cu then cu = now + d end
+  if now + d > s.cu then s.cu = now + d end
 elseif op == 'off' then
-  redis.call('HSET', KEYS[1], 'off', ARGV[10], 'off_at', fmt17(now))
+  redis.call('HSET', KEYS[1], 'off', ARGV[9], 'off_at', fmt17(now))
 end
-redis.call('HSET', KEYS[1], 'rl', fmt17(rl), 'tl', fmt17(tl), 'ts', fmt17(now),
-  'n', n, 'cu', fmt17(cu), 'cs', fmt17(cs))
-return {removed, n, cu, now, lowered, 1}
+save(KEYS[1], s, now)
+return {removed, s.n, s.cu, now, lowered, 1}
 `
 
 // switchLua disables or enables one key.
@@ -230,15 +320,22 @@ return redis.call('HEXISTS', KEYS[1], 'rpm')
 // nothing.
 //
 // KEYS[2i-1], KEYS[2i]  state hash and lease set of key i
-// Reply: {now, {rpm, tpm, mif, rl, tl, ts, n, cu, off, live leases}, ...}
-// with missing fields as nil.
+// Reply: {now, row, ...}; a row is {} for an unregistered key, else
+// {rpm, tpm, mif, requests level, tokens level, requests capacity,
+// tokens capacity, effective rpm, effective tpm, n, cooling until, off (or
+// empty), live leases} with numbers as strings.
 const snapshotLua = luaCommon + `
 local now = nowus()
 local out = {now}
 for i = 1, #KEYS / 2 do
-  local v = redis.call('HMGET', KEYS[2 * i - 1], 'rpm', 'tpm', 'mif', 'rl', 'tl', 'ts', 'n', 'cu', 'off')
-  v[10] = redis.call('ZCOUNT', KEYS[2 * i], '(' .. fmt17(now), '+inf')
-  out[#out + 1] = v
+  local s = load(KEYS[2 * i - 1], now)
+  if not s then
+    out[#out + 1] = {}
+  else
+    local live = redis.call('ZCOUNT', KEYS[2 * i], '(' .. fmt17(now), '+inf')
+    out[#out + 1] = {fmt17(s.rpm), fmt17(s.tpm), fmt17(s.mif), fmt17(s.rl), fmt17(s.tl), fmt17(s.capR),
+      fmt17(s.capT), fmt17(s.er), fmt17(s.et), fmt17(s.n), fmt17(s.cu), s.off or '', fmt17(live)}
+  end
 end
 return out
 `

@@ -9,7 +9,7 @@ import (
 	"bulwark/pkg/llm"
 )
 
-// settle operations (settleLua ARGV[5]).
+// settle operations (settleLua ARGV[4]).
 const (
 	opOK   = "ok"   // success: reset the 429 count
 	opCool = "cool" // 429: escalate the cooldown
@@ -17,12 +17,48 @@ const (
 	opNone = "none" // no change to the 429 state
 )
 
+// Action is what a failed call does to its key. The caller decides it from
+// the failure's class (pkg/dispatch keeps that table); the pool carries it
+// out.
+type Action int
+
+const (
+	// Refund: the key did nothing wrong (overload, a 5xx, a timeout, a bad
+	// request, our own cancellation). The tokens are refunded; the request
+	// stays counted, since the provider may have seen it.
+	Refund Action = iota
+	// Cool: a 429. The key cools for min(CooldownBase·2^n, CooldownMax),
+	// never less than the provider's Retry-After; its request bucket is
+	// emptied (the provider says it is empty) and its pace slowed 10% (at
+	// most to half; each success gives back 2%). The reservation stays
+	// spent. A 429 on a lease granted before the key's last escalation
+	// does not escalate again: it is the same overload seen by a call
+	// already in flight, and only extends the cooldown to its Retry-After.
+	Cool
+	// Disable: the key is unusable until an operator enables it (billing,
+	// a revoked credential). The tokens are refunded.
+	Disable
+)
+
+func (a Action) String() string {
+	switch a {
+	case Refund:
+		return "refund"
+	case Cool:
+		return "cool"
+	case Disable:
+		return "disable"
+	}
+	return fmt.Sprintf("Action(%d)", int(a))
+}
+
 type settleArgs struct {
-	tokensBack     int // returned to the token bucket; negative charges more
-	remReq, remTok int // provider's remaining counts, -1 when unknown
-	op             string
-	retryAfter     time.Duration
-	reason         string // for opOff
+	tokensBack  int  // returned to the token bucket; negative charges more
+	requestBack bool // the call was never made: return the request too
+	rl          llm.RateLimit
+	op          string
+	retryAfter  time.Duration
+	reason      string // for opOff
 }
 
 type settleResult struct {
@@ -36,10 +72,9 @@ type settleResult struct {
 // Success settles a lease after a successful call: the token reservation is
 // corrected to usage.Total() (refund or charge; a zero usage means the
 // provider did not report it and the estimate stands), the key's
-// consecutive 429 count is reset, the in-flight slot is freed, and if rl
-// says the provider has fewer requests or tokens left than our buckets hold,
-// the buckets are lowered to match (never raised). A cooldown in progress is
-// left to run out.
+// consecutive 429 count is reset, the in-flight slot is freed, and the
+// provider's rate-limit headers correct the key (see headerArgs). A
+// cooldown in progress is left to run out.
 //
 // It returns ErrSettled if the lease was already settled.
 func (p *Pool) Success(ctx context.Context, l *Lease, usage llm.Usage, rl llm.RateLimit) error {
@@ -47,71 +82,64 @@ func (p *Pool) Success(ctx context.Context, l *Lease, usage llm.Usage, rl llm.Ra
 	if t := usage.Total(); t > 0 {
 		back = l.EstTokens - t
 	}
-	remReq, remTok := remaining(rl)
-	_, err := p.settle(ctx, "success", l, true, settleArgs{tokensBack: back, remReq: remReq, remTok: remTok, op: opOK})
+	_, err := p.settle(ctx, "success", l, true, settleArgs{tokensBack: back, rl: rl, op: opOK})
 	return err
 }
 
-// Failure settles a lease after a failed call, by the failure's llm.Class:
-//
-//   - rate_limited: the key cools for min(CooldownBase·2^n, CooldownMax),
-//     never less than the provider's Retry-After, n being the consecutive
-//     429s counting this one; the reservation stays spent (the provider
-//     counted the call). A 429 on a lease granted before the key's last
-//     escalation does not escalate again (it is the same overload seen by a
-//     call already in flight) but still honours its Retry-After.
-//   - quota, auth: the key is disabled with the class and provider code as
-//     reason until Enable; the tokens are refunded.
-//   - overloaded, transient, permanent, and any error that is not an
-//     *llm.Error (a bug or a cancellation on our side): no cooldown, the
-//     tokens are refunded. The request stays counted: the provider may have
-//     seen it.
-//
-// Any rate-limit headers on the error lower the buckets as in Success. The
+// Failure settles a lease after a failed call with action a (see Action).
+// callErr supplies the provider's Retry-After, error code (for a disable
+// reason) and rate-limit headers, which correct the key as in Success. The
 // in-flight slot is always freed. It returns ErrSettled if the lease was
 // already settled.
-func (p *Pool) Failure(ctx context.Context, l *Lease, callErr error) error {
-	a := settleArgs{remReq: -1, remTok: -1, op: opNone, tokensBack: 0}
+func (p *Pool) Failure(ctx context.Context, l *Lease, a Action, callErr error) error {
+	args := settleArgs{op: opNone, tokensBack: l.EstTokens}
 	var pe *llm.Error
 	if errors.As(callErr, &pe) {
-		a.remReq, a.remTok = remaining(pe.RateLimit)
+		args.rl = pe.RateLimit
 	}
-	class, _ := llm.ClassOf(callErr)
-	switch class {
-	case llm.ClassRateLimited:
-		a.op = opCool
-		a.retryAfter = pe.RetryAfter
-	case llm.ClassQuota, llm.ClassAuth:
-		a.op = opOff
-		a.reason = string(class)
-		if pe.Code != "" {
-			a.reason += " (" + pe.Code + ")"
+	switch a {
+	case Cool:
+		args.op, args.tokensBack = opCool, 0
+		if pe != nil {
+			args.retryAfter = pe.RetryAfter
 		}
-		a.tokensBack = l.EstTokens
-	default:
-		a.tokensBack = l.EstTokens
+	case Disable:
+		args.op, args.reason = opOff, disableReason(pe)
 	}
-	res, err := p.settle(ctx, "failure", l, true, a)
+	res, err := p.settle(ctx, "failure", l, true, args)
 	if err != nil {
 		return err
 	}
-	switch a.op {
+	switch args.op {
 	case opCool:
 		p.logger.Warn("keypool: key rate limited, cooling",
 			"key", l.KeyID, "route", l.Route.String(), "consecutive_429s", res.consecutive,
-			"cooling_until", res.coolingUntil, "retry_after", a.retryAfter)
+			"cooling_until", res.coolingUntil, "retry_after", args.retryAfter)
 	case opOff:
 		p.logger.Error("keypool: key disabled until an operator enables it",
-			"key", l.KeyID, "route", l.Route.String(), "reason", a.reason)
+			"key", l.KeyID, "route", l.Route.String(), "reason", args.reason)
 	}
 	return nil
 }
 
+// disableReason names why a key was disabled: the class and the provider's
+// code, never its message (which may quote an account).
+func disableReason(pe *llm.Error) string {
+	if pe == nil {
+		return "disabled after a failure"
+	}
+	r := string(pe.Class)
+	if pe.Code != "" {
+		r += " (" + pe.Code + ")"
+	}
+	return r
+}
+
 // Release ends a lease whose call was abandoned before any answer (the
-// caller's context was cancelled, or the call was never made): the tokens
-// are refunded and the in-flight slot freed; the request stays counted.
-// Release after Success or Failure does nothing and returns nil. It runs
-// even when ctx is already cancelled.
+// caller's context was cancelled mid-call): the tokens are refunded and the
+// in-flight slot freed; the request stays counted. Release after Success,
+// Failure or Return does nothing and returns nil. It runs even when ctx is
+// already cancelled.
 func (p *Pool) Release(ctx context.Context, l *Lease) error {
 	if l == nil {
 		return errors.New("keypool: release: nil lease")
@@ -119,7 +147,22 @@ func (p *Pool) Release(ctx context.Context, l *Lease) error {
 	if l.settled.Load() {
 		return nil
 	}
-	_, err := p.settle(ctx, "release", l, false, settleArgs{tokensBack: l.EstTokens, remReq: -1, remTok: -1, op: opNone})
+	_, err := p.settle(ctx, "release", l, false, settleArgs{tokensBack: l.EstTokens, op: opNone})
+	return err
+}
+
+// Return ends a lease whose call was never made (the caller gave up while
+// waiting for NotBefore): the request and the tokens go back to the key.
+// Like Release, it is a no-op on a settled lease and runs under a cancelled
+// ctx.
+func (p *Pool) Return(ctx context.Context, l *Lease) error {
+	if l == nil {
+		return errors.New("keypool: return: nil lease")
+	}
+	if l.settled.Load() {
+		return nil
+	}
+	_, err := p.settle(ctx, "return", l, false, settleArgs{tokensBack: l.EstTokens, requestBack: true, op: opNone})
 	return err
 }
 
@@ -143,10 +186,14 @@ func (p *Pool) settle(ctx context.Context, op string, l *Lease, strict bool, a s
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.OpTimeout)
 	defer cancel()
 	keys := []string{stateKey(p.cfg.Prefix, l.KeyID), leasesKey(p.cfg.Prefix, l.KeyID)}
-	res, err := p.sc.settle.Run(ctx, p.rdb, keys,
-		l.ID, a.tokensBack, a.remReq, a.remTok, a.op, l.grantedUS,
-		p.cfg.CooldownBase.Microseconds(), p.cfg.CooldownMax.Microseconds(), a.retryAfter.Microseconds(),
-		a.reason).Slice()
+	reqBack := 0
+	if a.requestBack {
+		reqBack = 1
+	}
+	args := []any{l.ID, a.tokensBack, reqBack, a.op, l.grantedUS,
+		p.cfg.CooldownBase.Microseconds(), p.cfg.CooldownMax.Microseconds(), a.retryAfter.Microseconds(), a.reason}
+	args = append(args, headerArgs(a.rl, time.Now())...)
+	res, err := p.sc.settle.Run(ctx, p.rdb, keys, args...).Slice()
 	if err != nil {
 		return settleResult{}, fmt.Errorf("keypool: %s key %s: %w", op, l.KeyID, err)
 	}
@@ -169,22 +216,35 @@ func (p *Pool) settle(ctx context.Context, op string, l *Lease, strict bool, a s
 	return r, nil
 }
 
-// remaining reads the provider's remaining counts from rl, -1 where it did
-// not say. llm.RateLimit uses 0 for "absent", so a remaining of 0 counts
-// only when the matching limit header was present; negative values (sent by
-// some compatible hosts) are ignored.
-func remaining(rl llm.RateLimit) (req, tok int) {
-	req, tok = -1, -1
+// headerArgs turns the provider's rate-limit headers into settleLua's
+// ARGV[10..15]: for requests and tokens, the limit, the remaining count and
+// the µs until the provider's bucket is full again, each -1 when the
+// provider did not say. The script lowers the effective limit to a smaller
+// reported limit, and the bucket to what remaining and reset allow (never
+// raising either).
+//
+// llm.RateLimit uses 0 for "absent", so a remaining of 0 counts only when
+// the matching limit header was present; negative values (sent by some
+// compatible hosts) and resets in the past are ignored.
+func headerArgs(rl llm.RateLimit, now time.Time) []any {
 	if !rl.Known {
-		return req, tok
+		return []any{-1, -1, -1, -1, -1, -1}
 	}
-	if rl.RequestsRemaining > 0 || (rl.RequestsRemaining == 0 && rl.RequestsLimit > 0) {
-		req = rl.RequestsRemaining
+	one := func(limit, rem int, reset time.Time) []any {
+		l, r, d := int64(-1), int64(-1), int64(-1)
+		if limit > 0 {
+			l = int64(limit)
+		}
+		if rem > 0 || (rem == 0 && limit > 0) {
+			r = int64(rem)
+		}
+		if limit > 0 && !reset.IsZero() && !reset.Before(now) {
+			d = reset.Sub(now).Microseconds()
+		}
+		return []any{l, r, d}
 	}
-	if rl.TokensRemaining > 0 || (rl.TokensRemaining == 0 && rl.TokensLimit > 0) {
-		tok = rl.TokensRemaining
-	}
-	return req, tok
+	return append(one(rl.RequestsLimit, rl.RequestsRemaining, rl.RequestsReset),
+		one(rl.TokensLimit, rl.TokensRemaining, rl.TokensReset)...)
 }
 
 // Disable takes a key out of the pool, in every process, until Enable.

@@ -18,10 +18,19 @@ type KeyState struct {
 	TPM         int          `json:"tpm_limit"`
 	MaxInFlight int          `json:"max_in_flight,omitempty"`
 	// RequestsAvailable and TokensAvailable are the bucket levels now (a
-	// negative value is a debt still to refill).
+	// negative value is a debt still to refill, e.g. calls reserved ahead).
 	RequestsAvailable float64 `json:"requests_available"`
 	TokensAvailable   float64 `json:"tokens_available"`
-	// RPMUtilisation and TPMUtilisation are 1 - level/limit, clamped to
+	// RequestsCapacity and TokensCapacity are what the buckets hold when
+	// full: the burst window's share of the effective limits.
+	RequestsCapacity float64 `json:"requests_capacity"`
+	TokensCapacity   float64 `json:"tokens_capacity"`
+	// EffectiveRPM and EffectiveTPM are the rates the pool paces the key
+	// to: the configured limits, lowered to what the provider's headers
+	// reported, times the pace and the 429 back-off factor.
+	EffectiveRPM float64 `json:"effective_rpm"`
+	EffectiveTPM float64 `json:"effective_tpm"`
+	// RPMUtilisation and TPMUtilisation are 1 - level/capacity, clamped to
 	// [0, 1]: 0 is an idle key, 1 an empty bucket.
 	RPMUtilisation float64 `json:"rpm_utilisation"`
 	TPMUtilisation float64 `json:"tpm_utilisation"`
@@ -96,75 +105,55 @@ func (p *Pool) snapshot(ctx context.Context) (time.Time, []KeyState, error) {
 	return now, out, nil
 }
 
-// parseKeyState reads one snapshotLua row:
-// {rpm, tpm, mif, rl, tl, ts, n, cu, off, live leases}.
+// parseKeyState reads one snapshotLua row (see its reply).
 func parseKeyState(k Key, row any, nowUS int64) (KeyState, error) {
 	v, ok := row.([]any)
-	if !ok || len(v) != 10 {
-		return KeyState{}, fmt.Errorf("unexpected row %T of length %d", row, len(v))
+	if !ok {
+		return KeyState{}, fmt.Errorf("unexpected row %T", row)
 	}
 	s := KeyState{ID: k.ID, Provider: k.Provider, Tier: k.Tier}
-	var f [9]float64
-	var present [9]bool
-	for j := range 9 {
-		if v[j] == nil {
-			continue
-		}
+	if len(v) == 0 {
+		// Not registered: report the configured limits, nothing else known.
+		s.RPM, s.TPM, s.MaxInFlight = k.RPM, k.TPM, k.MaxInFlight
+		return s, nil
+	}
+	if len(v) != 13 {
+		return KeyState{}, fmt.Errorf("row has %d fields, want 13", len(v))
+	}
+	var f [13]float64
+	for j := range 13 {
 		str, ok := v[j].(string)
 		if !ok {
 			return KeyState{}, fmt.Errorf("field %d is %T, want string", j, v[j])
 		}
-		if j == 8 { // off: the disable reason
-			s.Disabled, s.DisabledReason = true, str
+		if j == 11 { // off: the disable reason, empty when enabled
+			s.Disabled, s.DisabledReason = str != "", str
 			continue
 		}
 		x, err := strconv.ParseFloat(str, 64)
 		if err != nil {
 			return KeyState{}, fmt.Errorf("field %d: %w", j, err)
 		}
-		f[j], present[j] = x, true
-	}
-	inflight, ok := v[9].(int64)
-	if !ok {
-		return KeyState{}, fmt.Errorf("lease count is %T, want integer", v[9])
-	}
-	s.InFlight = int(inflight)
-	if !present[0] || !present[1] {
-		// Not registered: report the configured limits, nothing else known.
-		s.RPM, s.TPM, s.MaxInFlight = k.RPM, k.TPM, k.MaxInFlight
-		return s, nil
+		f[j] = x
 	}
 	s.Registered = true
 	s.RPM, s.TPM, s.MaxInFlight = int(f[0]), int(f[1]), int(f[2])
-	ts := f[5]
-	if !present[5] {
-		ts = float64(nowUS)
-	}
-	s.RequestsAvailable = refill(valueOr(f[3], present[3], f[0]), f[0], ts, float64(nowUS))
-	s.TokensAvailable = refill(valueOr(f[4], present[4], f[1]), f[1], ts, float64(nowUS))
-	s.RPMUtilisation = utilisation(s.RequestsAvailable, f[0])
-	s.TPMUtilisation = utilisation(s.TokensAvailable, f[1])
-	s.Consecutive429s = int(f[6])
-	if cu := int64(f[7]); cu > nowUS {
+	s.RequestsAvailable, s.TokensAvailable = f[3], f[4]
+	s.RequestsCapacity, s.TokensCapacity = f[5], f[6]
+	s.EffectiveRPM, s.EffectiveTPM = f[7], f[8]
+	s.RPMUtilisation = utilisation(f[3], f[5])
+	s.TPMUtilisation = utilisation(f[4], f[6])
+	s.Consecutive429s = int(f[9])
+	if cu := int64(f[10]); cu > nowUS {
 		s.CoolingUntil = timeFromUS(cu)
 	}
+	s.InFlight = int(f[12])
 	return s, nil
 }
 
-// refill mirrors the scripts' refill: level grown by the elapsed µs at cap
-// per minute, clamped to cap.
-func refill(level, capacity, ts, now float64) float64 {
-	dt := max(now-ts, 0)
-	return min(level+dt*capacity/60e6, capacity)
-}
-
 func utilisation(level, capacity float64) float64 {
-	return min(max(1-level/capacity, 0), 1)
-}
-
-func valueOr(v float64, ok bool, def float64) float64 {
-	if ok {
-		return v
+	if capacity <= 0 {
+		return 0
 	}
-	return def
+	return min(max(1-level/capacity, 0), 1)
 }
