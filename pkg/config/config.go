@@ -118,6 +118,12 @@ type Worker struct {
 	// MaxAttempts bounds provider attempts of one request (429 waits do not
 	// count). Default 8.
 	MaxAttempts int `yaml:"max_attempts"`
+	// PaceWait is the longest a request holds its global slot waiting for a
+	// key reservation to come due. Default 1s.
+	PaceWait time.Duration `yaml:"pace_wait"`
+	// HoldWait is the longest a request waits for capacity inside the
+	// worker before going back to the queue with a delay. Default 10s.
+	HoldWait time.Duration `yaml:"hold_wait"`
 }
 
 // Log configures logging.
@@ -136,6 +142,11 @@ type ProviderCfg struct {
 	Timeout time.Duration `yaml:"timeout"`
 	// Tiers maps a tier name ("sonnet") to the provider's model name.
 	Tiers map[string]string `yaml:"tiers"`
+	// BurstWindow is the share of a key's per-minute limits the provider
+	// lets through at once: providers meter in short windows ("60 RPM may
+	// be enforced as 1 request per second"), so the pool paces each key to
+	// a bucket of RPM·window/1m requests. Default 1s, at most 1m.
+	BurstWindow time.Duration `yaml:"burst_window"`
 }
 
 // Key is one provider key of the pool (design document 5.3).
@@ -148,6 +159,8 @@ type Key struct {
 	TPMLimit  int           `yaml:"tpm_limit"`
 	// MaxInFlight limits concurrent calls on this key; 0 = no limit.
 	MaxInFlight int `yaml:"max_in_flight"`
+	// BurstWindow overrides the provider's burst_window for this key.
+	BurstWindow time.Duration `yaml:"burst_window"`
 }
 
 // Queue configures layer 2 (design document 4.2).
@@ -167,7 +180,9 @@ type Queue struct {
 	MaxWait time.Duration `yaml:"queue_max_wait"`
 	// MaxDepth is the admission limit of queued requests. Default 200.
 	MaxDepth int `yaml:"queue_max_depth"`
-	// SlotLease is how long a global slot survives a dead worker. Default 3m.
+	// SlotLease is how long a global slot survives a dead worker. A worker
+	// renews the slots it holds every third of it, so a call may last
+	// longer. Default 30s.
 	SlotLease time.Duration `yaml:"slot_lease"`
 }
 

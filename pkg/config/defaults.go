@@ -29,16 +29,22 @@ const (
 	MaxConcurrentLLMCallsDefault    = 20
 	QueueMaxWaitDefault             = 300 * time.Second
 	QueueMaxDepthDefault            = 200
-	SlotLeaseDefault                = 3 * time.Minute
-	CacheThresholdDefault           = 0.95
-	CacheDefaultLayerDefault        = "agent"
-	BreakerFailureThresholdDefault  = 3
-	BreakerOpenDurationDefault      = 60 * time.Second
-	BreakerHalfOpenMaxCallsDefault  = 1
-	BreakerSuccessThresholdDefault  = 2
-	AlertThrottleDefault            = 5 * time.Minute
-	AlertIntervalDefault            = 30 * time.Second
-	ReportAtDefault                 = "08:00"
+	SlotLeaseDefault                = 30 * time.Second
+	BurstWindowDefault              = time.Second
+	PaceWaitDefault                 = time.Second
+	HoldWaitDefault                 = 10 * time.Second
+	// KeyLeaseDefault is how long a key's in-flight lease lives unsettled
+	// (keypool.LeaseTTLDefault); validation checks it outlasts a call.
+	KeyLeaseDefault                = 3 * time.Minute
+	CacheThresholdDefault          = 0.95
+	CacheDefaultLayerDefault       = "agent"
+	BreakerFailureThresholdDefault = 3
+	BreakerOpenDurationDefault     = 60 * time.Second
+	BreakerHalfOpenMaxCallsDefault = 1
+	BreakerSuccessThresholdDefault = 2
+	AlertThrottleDefault           = 5 * time.Minute
+	AlertIntervalDefault           = 30 * time.Second
+	ReportAtDefault                = "08:00"
 )
 
 // ReservedDefault is the design document's per-priority reserve (4.2).
@@ -79,13 +85,22 @@ func (c *Config) setDefaults() {
 	orDefault(&w.DelayedTaskCheckInterval, DelayedTaskCheckIntervalDefault)
 	orDefault(&w.ShutdownTimeout, WorkerShutdownTimeoutDefault)
 	orDefault(&w.MaxAttempts, MaxAttemptsDefault)
+	orDefault(&w.PaceWait, PaceWaitDefault)
+	orDefault(&w.HoldWait, HoldWaitDefault)
 
 	orDefault(&c.Log.Format, "json")
 	orDefault(&c.Log.Level, "info")
 
 	for name, p := range c.Providers {
 		orDefault(&p.Timeout, ProviderTimeoutDefault)
+		orDefault(&p.BurstWindow, BurstWindowDefault)
 		c.Providers[name] = p
+	}
+	for i := range c.Keys {
+		k := &c.Keys[i]
+		if p, ok := c.Providers[k.Provider]; ok {
+			orDefault(&k.BurstWindow, p.BurstWindow)
+		}
 	}
 
 	q := &c.Queue

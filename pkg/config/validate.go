@@ -85,6 +85,9 @@ func (c *Config) validate() error {
 		if k.MaxInFlight < 0 {
 			add(field+".max_in_flight", "must be >= 0, got %d", k.MaxInFlight)
 		}
+		if k.BurstWindow < time.Millisecond || k.BurstWindow > time.Minute {
+			add(field+".burst_window", "must be between 1ms and 1m, got %s", k.BurstWindow)
+		}
 	}
 	if len(c.Keys) == 0 {
 		add("keys", "at least one key is required")
@@ -107,6 +110,22 @@ func (c *Config) validate() error {
 		if !routes[to] {
 			add("models."+name, "maps to unknown route %q", to)
 		}
+	}
+
+	for name, p := range c.Providers {
+		// A key's in-flight lease must outlive the call it guards plus the
+		// reservation wait before it, or a slow call's key would be counted
+		// free while the provider still works on it.
+		if need := p.Timeout + c.Worker.PaceWait; need >= KeyLeaseDefault {
+			add("providers."+string(name)+".timeout", "plus worker.pace_wait (%s) must stay under the key lease (%s), got %s",
+				c.Worker.PaceWait, KeyLeaseDefault, p.Timeout)
+		}
+	}
+	if c.Worker.HoldWait < c.Worker.PaceWait {
+		add("worker.hold_wait", "must be >= worker.pace_wait (%s), got %s", c.Worker.PaceWait, c.Worker.HoldWait)
+	}
+	if c.Queue.SlotLease < 3*time.Second {
+		add("queue.slot_lease", "must be >= 3s (workers renew it every third), got %s", c.Queue.SlotLease)
 	}
 
 	q := c.Queue

@@ -7,13 +7,29 @@
 // request: every path ends in completed, failed (with a reason), or a
 // delayed retry that asynq does not count as a failure.
 //
-// Error classes (pkg/llm) drive every decision:
+// Error classes (pkg/llm) drive every decision, through one table
+// (consequences in route.go):
 //
-//	rate_limited  key cools (keypool), breaker counts a failure, next key
-//	quota, auth   key disabled until an operator re-enables it, alert, next key
-//	overloaded    breaker counts a failure, next provider (no key cooldown)
-//	transient     jittered backoff, next key; after a few, asynq retry
-//	permanent     the request fails at once with the provider's message
+//	rate_limited       key cools (keypool), route breaker counts a failure, next key
+//	quota, auth        key disabled until an operator re-enables it, alert, next key
+//	overloaded         route breaker counts a failure, next provider (no key cooldown)
+//	model_unavailable  route breaker counts a failure, next provider
+//	transient          jittered backoff, next key; after a few, asynq retry
+//	permanent          the request fails at once with the provider's message
+//
+// # Waiting for capacity
+//
+// A request waits for capacity in three ways, by how long the wait is:
+//
+//   - up to PaceWait (default 1 s): it holds its global slot and a key
+//     reservation (keypool.Within) and calls at the moment the key's
+//     bucket has room: first come, first served, at exactly the keys' pace;
+//   - up to HoldWait (default 10 s): it gives its slot back and waits in
+//     the worker, then queues for a slot again, still ordered by its
+//     creation time (pkg/slots);
+//   - longer (every route shut by breakers or cooling keys): it goes back
+//     to asynq with a delay until the earliest capacity, which does not
+//     count as a failure.
 package dispatch
 
 import (
@@ -40,10 +56,11 @@ import (
 
 // KeyPool is the part of keypool.Pool the dispatcher uses.
 type KeyPool interface {
-	Acquire(ctx context.Context, route llm.Route, estTokens int) (*keypool.Lease, error)
+	Acquire(ctx context.Context, route llm.Route, estTokens int, opts ...keypool.AcquireOption) (*keypool.Lease, error)
 	Success(ctx context.Context, l *keypool.Lease, usage llm.Usage, rl llm.RateLimit) error
-	Failure(ctx context.Context, l *keypool.Lease, callErr error) error
+	Failure(ctx context.Context, l *keypool.Lease, a keypool.Action, callErr error) error
 	Release(ctx context.Context, l *keypool.Lease) error
+	Return(ctx context.Context, l *keypool.Lease) error
 }
 
 // Breakers is the part of breaker.Set the dispatcher uses.
@@ -53,7 +70,7 @@ type Breakers interface {
 
 // Slots is the global concurrency limiter.
 type Slots interface {
-	Acquire(ctx context.Context, p priority.Priority) (*slots.Slot, error)
+	Acquire(ctx context.Context, p priority.Priority, w slots.Waiter) (*slots.Slot, error)
 }
 
 // Jobs is the live request store.
@@ -101,13 +118,23 @@ type Config struct {
 	// MaxTransientWait caps the delay of an asynq retry after transient
 	// failures. Default 30s.
 	MaxTransientWait time.Duration
-	// MaxSlotWaiters caps, per priority, the tasks of this process waiting
-	// for a global slot; a task beyond it goes back to its queue for
-	// SlotBusyDelay instead of holding a worker goroutine. Without it a
-	// flood of LOW tasks, which may use one slot, would occupy every
-	// goroutine waiting, and a CRITICAL task could not even be dequeued
-	// until one finished. 0 for a priority means no cap.
-	MaxSlotWaiters map[priority.Priority]int
+	// MaxActive caps, per priority, the tasks this process works on at
+	// once (waiting for a slot or for capacity, or calling); a task beyond
+	// it goes back to its queue for SlotBusyDelay instead of holding a
+	// worker goroutine. Without it a flood of LOW tasks would occupy every
+	// goroutine, and a CRITICAL task could not even be dequeued until one
+	// finished. 0 for a priority means no cap.
+	MaxActive map[priority.Priority]int
+	// PaceWait is the longest a request holds its global slot waiting for
+	// a key reservation to come due (keypool.Within). Default 1s.
+	PaceWait time.Duration
+	// HoldWait is the longest a request waits for capacity inside the
+	// worker (without a slot) before going back to asynq with a delay.
+	// Default 10s.
+	HoldWait time.Duration
+	// SlotRenew is how often a held slot's lease is renewed while its call
+	// runs; it must be well under the slot lease. Default 10s.
+	SlotRenew time.Duration
 	// SlotBusyDelay before a task turned away by MaxSlotWaiters is taken
 	// again (jittered ±50%). Default 500ms.
 	SlotBusyDelay time.Duration
@@ -127,8 +154,8 @@ type Dispatcher struct {
 	metrics  *metrics.Metrics
 	logger   *slog.Logger
 
-	mu      sync.Mutex
-	waiters map[priority.Priority]int // tasks waiting for a slot, guarded by mu
+	mu     sync.Mutex
+	active map[priority.Priority]int // tasks being worked on, guarded by mu
 }
 
 // Deps are the dispatcher's collaborators. Finisher, Cache and Alerter may be nil.
@@ -159,6 +186,15 @@ func New(cfg Config, d Deps) *Dispatcher {
 	if cfg.SlotBusyDelay == 0 {
 		cfg.SlotBusyDelay = 500 * time.Millisecond
 	}
+	if cfg.PaceWait == 0 {
+		cfg.PaceWait = time.Second
+	}
+	if cfg.HoldWait == 0 {
+		cfg.HoldWait = 10 * time.Second
+	}
+	if cfg.SlotRenew == 0 {
+		cfg.SlotRenew = 10 * time.Second
+	}
 	if cfg.Price == nil {
 		cfg.Price = func(llm.Route) metrics.Price { return metrics.Price{} }
 	}
@@ -167,7 +203,7 @@ func New(cfg Config, d Deps) *Dispatcher {
 	}
 	return &Dispatcher{cfg: cfg, jobs: d.Jobs, starts: d.Starts, slots: d.Slots, pool: d.Pool,
 		breakers: d.Breakers, finisher: d.Finisher, cache: d.Cache, alerter: d.Alerter, metrics: d.Metrics, logger: d.Logger,
-		waiters: map[priority.Priority]int{}}
+		active: map[priority.Priority]int{}}
 }
 
 // waitError re-enqueues a task after Delay without counting a failure.
@@ -233,9 +269,6 @@ func (d *Dispatcher) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	if rec.Status.Terminal() {
 		return nil
 	}
-	if err := d.starts.RecordStart(ctx, p.ID); err != nil {
-		log.Warn("dispatch: record start", "err", err)
-	}
 	if time.Now().After(rec.Job.Deadline) {
 		d.fail(ctx, rec, deadlineReason(rec, "before it could start"), log)
 		return nil
@@ -248,54 +281,88 @@ func deadlineReason(rec *job.Record, what string) string {
 		time.Since(rec.Job.CreatedAt).Round(time.Second), rec.Job.Deadline.Sub(rec.Job.CreatedAt).Round(time.Second), what)
 }
 
-// enterWait admits a task to the slot wait unless its priority's cap of
-// waiters in this process is reached.
-func (d *Dispatcher) enterWait(p priority.Priority) bool {
+// enter admits a task to this process's work unless its priority's cap
+// is reached.
+func (d *Dispatcher) enter(p priority.Priority) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if limit := d.cfg.MaxSlotWaiters[p]; limit > 0 && d.waiters[p] >= limit {
+	if limit := d.cfg.MaxActive[p]; limit > 0 && d.active[p] >= limit {
 		return false
 	}
-	d.waiters[p]++
+	d.active[p]++
 	return true
 }
 
-func (d *Dispatcher) leaveWait(p priority.Priority) {
+func (d *Dispatcher) leave(p priority.Priority) {
 	d.mu.Lock()
-	d.waiters[p]--
+	d.active[p]--
 	d.mu.Unlock()
 }
 
 func (d *Dispatcher) run(ctx context.Context, rec *job.Record, t *asynq.Task, log *slog.Logger) error {
 	p := rec.Job.Priority
-	if !d.enterWait(p) {
+	if !d.enter(p) {
 		// Back to the queue, not a failure and not a status change.
 		delay := d.cfg.SlotBusyDelay/2 + rand.N(d.cfg.SlotBusyDelay)
 		return &waitError{Delay: delay}
 	}
+	defer d.leave(p)
+	for {
+		out, done, err := d.attempt(ctx, rec, log)
+		if done {
+			return err
+		}
+		switch {
+		case out.resp != nil:
+			d.complete(ctx, rec, out, log)
+			return nil
+		case ctx.Err() != nil:
+			return nil // cancelled: the API already recorded it, or shutdown re-queues
+		case out.permanent != nil:
+			d.fail(ctx, rec, "provider_error: "+out.permanent.Error(), log)
+			return nil
+		case out.transient != nil && !out.exhausted:
+			return d.retryTransient(ctx, rec, t, out.transient, log)
+		case out.retryAfter > d.cfg.HoldWait:
+			return d.wait(ctx, rec, out.retryAfter, log)
+		}
+		// A short wait for capacity: hold the task here, without a slot,
+		// so its place (creation time) in the slot queue is kept and no
+		// asynq round trip (whole-second retry times) delays it.
+		if !d.hold(ctx, rec, out.retryAfter, log) {
+			return nil
+		}
+	}
+}
+
+// attempt takes a global slot, marks the request running and tries its
+// routes once. done reports that the task ended (err is then the
+// handler's result).
+func (d *Dispatcher) attempt(ctx context.Context, rec *job.Record, log *slog.Logger) (out outcome, done bool, err error) {
 	slotCtx, cancel := context.WithDeadline(ctx, rec.Job.Deadline)
-	slot, err := d.slots.Acquire(slotCtx, p)
+	slot, err := d.slots.Acquire(slotCtx, rec.Job.Priority, slots.Waiter{ID: rec.Job.ID, Since: rec.Job.CreatedAt})
 	cancel()
-	d.leaveWait(p)
 	if err != nil {
 		if ctx.Err() != nil {
-			return nil // cancelled by the caller or shutting down; asynq handles the task
+			return out, true, nil // cancelled by the caller or shutting down; asynq handles the task
 		}
 		if errors.Is(err, context.DeadlineExceeded) {
 			d.fail(ctx, rec, deadlineReason(rec, "waiting for a free provider slot"), log)
-			return nil
+			return out, true, nil
 		}
-		return fmt.Errorf("dispatch: slot: %w", err)
+		return out, true, fmt.Errorf("dispatch: slot: %w", err)
 	}
+	stop := d.keep(ctx, slot, log)
 	defer func() {
+		stop()
 		if err := slot.Release(context.WithoutCancel(ctx)); err != nil {
 			log.Warn("dispatch: release slot", "err", err)
 		}
 	}()
-
+	first := rec.State.StartedAt.IsZero()
 	st := rec.State
 	st.Attempts++
-	if st.StartedAt.IsZero() {
+	if first {
 		st.StartedAt = time.Now()
 	}
 	st.RetryAt = time.Time{}
@@ -303,27 +370,67 @@ func (d *Dispatcher) run(ctx context.Context, rec *job.Record, t *asynq.Task, lo
 	_, err = d.jobs.Apply(ctx, rec.Job.ID, job.Change{Status: job.StatusRunning, State: &st,
 		Event: &job.Event{Type: job.EventStarted, Provider: rec.Job.Route.Provider, Tier: rec.Job.Route.Tier, Attempt: st.Attempts}})
 	if errors.Is(err, job.ErrTerminal) || errors.Is(err, job.ErrNotFound) {
-		return nil // cancelled while it waited for a slot
+		return out, true, nil // cancelled while it waited for a slot
 	}
 	if err != nil {
-		return fmt.Errorf("dispatch: mark running: %w", err)
+		return out, true, fmt.Errorf("dispatch: mark running: %w", err)
 	}
+	if first {
+		// The drain rate and the queue positions count requests leaving
+		// the queue for good, not re-checks.
+		if err := d.starts.RecordStart(ctx, rec.Job.ID); err != nil {
+			log.Warn("dispatch: record start", "err", err)
+		}
+	}
+	return d.callRoutes(ctx, rec, log), false, nil
+}
 
-	out := d.callRoutes(ctx, rec, log)
-	switch {
-	case out.resp != nil:
-		d.complete(ctx, rec, out, log)
-		return nil
-	case ctx.Err() != nil:
-		return nil // cancelled: the API already recorded it, or shutdown re-queues
-	case out.permanent != nil:
-		d.fail(ctx, rec, "provider_error: "+out.permanent.Error(), log)
-		return nil
-	case out.transient != nil && !out.exhausted:
-		return d.retryTransient(ctx, rec, t, out.transient, log)
-	default:
-		return d.wait(ctx, rec, out.retryAfter, log)
+// keep renews slot's lease every SlotRenew until the returned stop is
+// called, so a slot outlives any call it guards while a dead worker's slot
+// still expires after one lease.
+func (d *Dispatcher) keep(ctx context.Context, slot *slots.Slot, log *slog.Logger) (stop func()) {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(d.cfg.SlotRenew)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if err := slot.Renew(ctx); err != nil && ctx.Err() == nil {
+					log.Warn("dispatch: renew slot", "err", err)
+				}
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
+// hold waits after inside the worker for capacity to return, telling the
+// caller; it reports false when the task ended instead (cancelled, or the
+// deadline would pass first).
+func (d *Dispatcher) hold(ctx context.Context, rec *job.Record, after time.Duration, log *slog.Logger) bool {
+	after = max(after, d.cfg.MinWait)
+	if time.Now().Add(after).After(rec.Job.Deadline) {
+		d.fail(ctx, rec, deadlineReason(rec, fmt.Sprintf("and no provider route has capacity for another %s", after.Round(time.Second))), log)
+		return false
 	}
+	st := rec.State
+	st.RetryAt = time.Now().Add(after)
+	secs := int((after + time.Second - 1) / time.Second)
+	_, err := d.jobs.Apply(ctx, rec.Job.ID, job.Change{Status: job.StatusWaiting, State: &st,
+		Event: &job.Event{Type: job.EventWaiting, RetryAfterSeconds: secs}})
+	if errors.Is(err, job.ErrTerminal) || errors.Is(err, job.ErrNotFound) {
+		return false
+	}
+	if err != nil {
+		log.Warn("dispatch: mark waiting", "err", err)
+	}
+	rec.State = st
+	return sleep(ctx, after)
 }
 
 // wait re-enqueues a request until capacity returns, or fails it when that

@@ -14,6 +14,59 @@ import (
 	"bulwark/pkg/llm"
 )
 
+// step is what an attempt does after a failed call.
+type step int
+
+const (
+	nextKey        step = iota // another key of the same route, at once
+	nextKeyBackoff             // another key of the same route, after a jittered backoff
+	nextRoute                  // leave this route for this attempt: the other provider
+	failRequest                // the request itself is wrong: it fails
+)
+
+// consequence is everything one failure class causes, said once.
+type consequence struct {
+	// breaker is reported to the route's breaker. Only the provider
+	// refusing the route counts: 429s (three in a row with no success
+	// between, which a paced pool does not produce unless the provider
+	// really refuses), overload and a missing model. 5xx and timeouts are
+	// noise a retry absorbs; they never open a breaker.
+	breaker breaker.Outcome
+	// key is done to the key that failed (keypool.Action).
+	key keypool.Action
+	// next is where the attempt goes.
+	next step
+	// event is the error text of the "retrying" event the caller sees;
+	// empty sends none. It never quotes the provider's message.
+	event string
+}
+
+// consequences is the one table of what each failure class does. An error
+// that is not an *llm.Error (a transport failure we could not classify) is
+// treated as transient.
+var consequences = map[llm.Class]consequence{
+	llm.ClassRateLimited:      {breaker.Failure, keypool.Cool, nextKey, "rate limited"},
+	llm.ClassQuota:            {breaker.Ignore, keypool.Disable, nextKey, "key unavailable (quota)"},
+	llm.ClassAuth:             {breaker.Ignore, keypool.Disable, nextKey, "key unavailable (auth)"},
+	llm.ClassOverloaded:       {breaker.Failure, keypool.Refund, nextRoute, "provider overloaded"},
+	llm.ClassModelUnavailable: {breaker.Failure, keypool.Refund, nextRoute, "model unavailable"},
+	llm.ClassTransient:        {breaker.Ignore, keypool.Refund, nextKeyBackoff, "provider error"},
+	llm.ClassPermanent:        {breaker.Ignore, keypool.Refund, failRequest, ""},
+}
+
+// consequenceOf returns the table row for err.
+func consequenceOf(err error) consequence {
+	class, ok := llm.ClassOf(err)
+	if !ok {
+		class = llm.ClassTransient
+	}
+	c, ok := consequences[class]
+	if !ok {
+		return consequences[llm.ClassTransient]
+	}
+	return c
+}
+
 // outcome of trying every route once.
 type outcome struct {
 	resp  *llm.Response
@@ -27,9 +80,11 @@ type outcome struct {
 	// earliest time any route will have.
 	exhausted  bool
 	retryAfter time.Duration
-	// shut is true when a route is exhausted by the provider (cooling or
-	// disabled keys, an open breaker) rather than by our own pacing.
-	shut bool
+	// refused is true when the provider refuses the route: its breaker is
+	// open, every key is disabled, or it answered overloaded / model
+	// unavailable. Our own pacing, cooling keys, 5xx, timeouts and Redis
+	// errors are not refusals.
+	refused bool
 }
 
 // routeResult of one route.
@@ -40,25 +95,30 @@ const (
 	routeExhausted
 	routePermanent
 	routeTransient
-	routeOverloaded
 	routeCancelled
 	routeNoKeys // the pool has no key for the route: skip it
 )
 
+// halfOpenRecheck bounds how long a request waits on a half-open breaker
+// whose probe is out: the probe usually reports within a call's latency,
+// long before its lease (the longest call) would expire.
+const halfOpenRecheck = 2 * time.Second
+
+// allRecheck bounds the wait on an open "all" breaker, so a queued request
+// re-checks soon after recovery.
+const allRecheck = 5 * time.Second
+
 // callRoutes tries the asked route, then its fallback. The "all" breaker
-// guards the whole attempt: it counts a failure only when every route was
-// shut by real 429s (cooling keys, open breakers), not when our own pacing
-// says to wait a second for a bucket to refill, so that proactive pacing
-// never opens it.
+// guards the whole attempt and counts a failure only when every route with
+// keys refused (see outcome.refused): a storm our own pacing holds back,
+// keys cooling after a few 429s, or a provider's 5xx never open it.
 func (d *Dispatcher) callRoutes(ctx context.Context, rec *job.Record, log *slog.Logger) outcome {
 	var out outcome
 	all, err := d.breakers.Allow(ctx, breaker.AllName)
 	if err != nil {
 		var oe *breaker.OpenError
 		if errors.As(err, &oe) {
-			// Everything is known exhausted: wait for the probe, capped so a
-			// queued request re-checks often enough to start soon after recovery.
-			out.exhausted, out.retryAfter = true, min(oe.RetryAfter, 5*time.Second)
+			out.exhausted, out.refused, out.retryAfter = true, true, min(oe.RetryAfter, allRecheck)
 			return out
 		}
 		out.transient = err
@@ -68,7 +128,7 @@ func (d *Dispatcher) callRoutes(ctx context.Context, rec *job.Record, log *slog.
 	if fb, ok := d.cfg.Fallback(rec.Job.Route); ok {
 		routes = append(routes, fb)
 	}
-	shut, tried := 0, 0 // routes exhausted by cooldowns or open breakers; routes with keys
+	refused, tried := 0, 0
 	for i, r := range routes {
 		res, rr := d.callRoute(ctx, rec, r, log)
 		if rr != routeNoKeys {
@@ -80,6 +140,9 @@ func (d *Dispatcher) callRoutes(ctx context.Context, rec *job.Record, log *slog.
 			d.metrics.Fallbacks.WithLabelValues(routes[0].String(), r.String()).Inc()
 			d.event(ctx, rec, job.Event{Type: job.EventFallback, From: routes[0].String(), Provider: r.Provider, Tier: r.Tier})
 			log.Info("dispatch: fell back", "from", routes[0].String(), "to", r.String())
+		}
+		if res.refused {
+			refused++
 		}
 		switch rr {
 		case routeOK:
@@ -96,12 +159,8 @@ func (d *Dispatcher) callRoutes(ctx context.Context, rec *job.Record, log *slog.
 				out.retryAfter = res.retryAfter
 			}
 			out.exhausted = true
-			if res.shut {
-				shut++
-			}
-		case routeOverloaded, routeTransient:
+		case routeTransient:
 			out.transient = res.transient
-			shut++
 			if !out.exhausted || time.Second < out.retryAfter {
 				out.retryAfter = time.Second
 			}
@@ -112,8 +171,9 @@ func (d *Dispatcher) callRoutes(ctx context.Context, rec *job.Record, log *slog.
 		out.permanent = fmt.Errorf("no provider key is configured for %s or its fallback", rec.Job.Route)
 		return out
 	}
-	if shut == tried {
-		_ = all.DoneReason(ctx, breaker.Failure, "all provider routes exhausted")
+	if refused == tried {
+		out.refused = true
+		_ = all.DoneReason(ctx, breaker.Failure, "every provider route refuses")
 	} else {
 		_ = all.Done(ctx, breaker.Ignore)
 	}
@@ -123,7 +183,9 @@ func (d *Dispatcher) callRoutes(ctx context.Context, rec *job.Record, log *slog.
 	return out
 }
 
-// callRoute makes up to MaxKeyTries calls on one route.
+// callRoute makes up to MaxKeyTries calls on one route. A key whose
+// buckets refill within PaceWait is reserved and waited for (first come,
+// first served at the keys' pace); a longer wait returns routeExhausted.
 func (d *Dispatcher) callRoute(ctx context.Context, rec *job.Record, r llm.Route, log *slog.Logger) (outcome, routeResult) {
 	client := d.cfg.Clients[r.Provider]
 	req := rec.Job.Request
@@ -136,25 +198,23 @@ func (d *Dispatcher) callRoute(ctx context.Context, rec *job.Record, r llm.Route
 		if err != nil {
 			var oe *breaker.OpenError
 			if errors.As(err, &oe) {
-				return outcome{exhausted: true, retryAfter: oe.RetryAfter, shut: true}, routeExhausted
+				wait := oe.RetryAfter
+				if oe.State == breaker.StateHalfOpen {
+					wait = min(wait, halfOpenRecheck)
+				}
+				return outcome{exhausted: true, retryAfter: wait, refused: true}, routeExhausted
 			}
 			return outcome{transient: err}, routeTransient
 		}
-		lease, err := d.pool.Acquire(ctx, r, est)
-		if err != nil {
-			_ = permit.Done(ctx, breaker.Ignore)
-			var ee *keypool.ExhaustedError
-			switch {
-			case errors.As(err, &ee):
-				shut := ee.Reason == keypool.ReasonCooling || ee.Reason == keypool.ReasonDisabled
-				return outcome{exhausted: true, retryAfter: ee.RetryAfter, shut: shut}, routeExhausted
-			case errors.Is(err, keypool.ErrUnknownRoute):
-				return outcome{}, routeNoKeys
-			case errors.Is(err, keypool.ErrTooLarge):
-				return outcome{permanent: err}, routePermanent
-			default:
-				return outcome{transient: err}, routeTransient
-			}
+		lease, out, rr := d.acquire(ctx, r, est)
+		if lease == nil {
+			_ = permit.Done(context.WithoutCancel(ctx), breaker.Ignore)
+			return out, rr
+		}
+		if !sleep(ctx, lease.Delay()) {
+			_ = d.pool.Return(context.WithoutCancel(ctx), lease)
+			_ = permit.Done(context.WithoutCancel(ctx), breaker.Ignore)
+			return outcome{}, routeCancelled
 		}
 		start := time.Now()
 		res, err := client.Complete(ctx, lease.APIKey, &req)
@@ -171,34 +231,14 @@ func (d *Dispatcher) callRoute(ctx context.Context, rec *job.Record, r llm.Route
 			_ = permit.Done(context.WithoutCancel(ctx), breaker.Ignore)
 			return outcome{}, routeCancelled
 		}
-		if ferr := d.pool.Failure(ctx, lease, err); ferr != nil {
-			log.Warn("dispatch: record key failure", "key_id", lease.KeyID, "err", ferr)
-		}
 		lastErr = err
-		class, _ := llm.ClassOf(err)
-		log.Info("dispatch: provider call failed", "route", r.String(), "key_id", lease.KeyID, "class", string(class), "err", err)
-		switch class {
-		case llm.ClassRateLimited:
-			d.metrics.KeyCooldowns.WithLabelValues(lease.KeyID).Inc()
-			_ = permit.DoneReason(ctx, breaker.Failure, "429 from "+lease.KeyID)
-			d.event(ctx, rec, job.Event{Type: job.EventRetrying, Provider: r.Provider, Tier: r.Tier, Error: "rate limited"})
-		case llm.ClassQuota, llm.ClassAuth:
-			_ = permit.Done(ctx, breaker.Ignore)
-			d.metrics.KeysDisabled.WithLabelValues(lease.KeyID).Inc()
-			if d.alerter != nil {
-				d.alerter.KeyDisabled(ctx, lease.KeyID, r, string(class))
-			}
-			d.event(ctx, rec, job.Event{Type: job.EventRetrying, Provider: r.Provider, Tier: r.Tier, Error: "key unavailable (" + string(class) + ")"})
-		case llm.ClassOverloaded:
-			// The provider is overloaded for everyone: another key of it
-			// would fare no better; the other provider might.
-			_ = permit.DoneReason(ctx, breaker.Failure, "provider overloaded")
-			return outcome{transient: err}, routeOverloaded
-		case llm.ClassPermanent:
-			_ = permit.Done(ctx, breaker.Ignore)
+		c := d.failed(ctx, rec, r, lease, permit, err, log)
+		switch c.next {
+		case nextRoute:
+			return outcome{transient: err, refused: true}, routeTransient
+		case failRequest:
 			return outcome{permanent: err}, routePermanent
-		default: // transient and unclassified
-			_ = permit.Done(ctx, breaker.Ignore)
+		case nextKeyBackoff:
 			if !sleep(ctx, backoff/2+rand.N(backoff/2+1)) {
 				return outcome{}, routeCancelled
 			}
@@ -206,6 +246,52 @@ func (d *Dispatcher) callRoute(ctx context.Context, rec *job.Record, r llm.Route
 		}
 	}
 	return outcome{transient: lastErr}, routeTransient
+}
+
+// acquire reserves a key of r. Without a lease it returns the route's
+// outcome instead.
+func (d *Dispatcher) acquire(ctx context.Context, r llm.Route, est int) (*keypool.Lease, outcome, routeResult) {
+	lease, err := d.pool.Acquire(ctx, r, est, keypool.Within(d.cfg.PaceWait))
+	if err == nil {
+		return lease, outcome{}, routeOK
+	}
+	var ee *keypool.ExhaustedError
+	switch {
+	case errors.As(err, &ee):
+		return nil, outcome{exhausted: true, retryAfter: ee.RetryAfter, refused: ee.Reason == keypool.ReasonDisabled}, routeExhausted
+	case errors.Is(err, keypool.ErrUnknownRoute):
+		return nil, outcome{}, routeNoKeys
+	case errors.Is(err, keypool.ErrTooLarge):
+		return nil, outcome{permanent: err}, routePermanent
+	default:
+		return nil, outcome{transient: err}, routeTransient
+	}
+}
+
+// failed carries out the consequence of a failed call: the key's action,
+// the breaker's outcome, metrics, alerts and the caller's event.
+func (d *Dispatcher) failed(ctx context.Context, rec *job.Record, r llm.Route, lease *keypool.Lease,
+	permit *breaker.Permit, err error, log *slog.Logger) consequence {
+	c := consequenceOf(err)
+	class, _ := llm.ClassOf(err)
+	log.Info("dispatch: provider call failed", "route", r.String(), "key_id", lease.KeyID, "class", string(class), "err", err)
+	if ferr := d.pool.Failure(ctx, lease, c.key, err); ferr != nil {
+		log.Warn("dispatch: record key failure", "key_id", lease.KeyID, "err", ferr)
+	}
+	_ = permit.DoneReason(ctx, c.breaker, fmt.Sprintf("%s from %s", class, lease.KeyID))
+	switch c.key {
+	case keypool.Cool:
+		d.metrics.KeyCooldowns.WithLabelValues(lease.KeyID).Inc()
+	case keypool.Disable:
+		d.metrics.KeysDisabled.WithLabelValues(lease.KeyID).Inc()
+		if d.alerter != nil {
+			d.alerter.KeyDisabled(ctx, lease.KeyID, r, string(class))
+		}
+	}
+	if c.event != "" {
+		d.event(ctx, rec, job.Event{Type: job.EventRetrying, Provider: r.Provider, Tier: r.Tier, Error: c.event})
+	}
+	return c
 }
 
 func (d *Dispatcher) event(ctx context.Context, rec *job.Record, ev job.Event) {
@@ -216,6 +302,9 @@ func (d *Dispatcher) event(ctx context.Context, rec *job.Record, ev job.Event) {
 
 // sleep waits d or until ctx ends; it reports whether it waited in full.
 func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {

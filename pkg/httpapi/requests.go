@@ -176,7 +176,8 @@ func (s *Server) accepted(c *gin.Context, a *intake.Accepted, lang string) {
 			"suggestion": progress.DegradedSuggestion(lang)})
 	default:
 		body := gin.H{"id": a.ID, "status": a.Status, "queue_position": a.Position,
-			"estimated_wait_seconds": int(a.ETA.Seconds()), "message": a.Message}
+			"estimated_wait_seconds": progress.WaitSeconds(a.ETA), "estimated_wait_ms": a.ETA.Milliseconds(),
+			"message": a.Message}
 		if a.CoalescedInto != "" {
 			body["coalesced"] = true
 		}
@@ -192,6 +193,7 @@ type view struct {
 	CreatedAt            time.Time         `json:"created_at"`
 	QueuePosition        int               `json:"queue_position,omitempty"`
 	EstimatedWaitSeconds *int              `json:"estimated_wait_seconds,omitempty"`
+	EstimatedWaitMS      *int64            `json:"estimated_wait_ms,omitempty"`
 	RetryAt              *time.Time        `json:"retry_at,omitempty"`
 	Attempts             int               `json:"attempts"`
 	Result               *job.Result       `json:"result,omitempty"`
@@ -248,8 +250,8 @@ func (s *Server) get(c *gin.Context) {
 	if rec.Status == job.StatusQueued {
 		if pos, err := s.d.Queue.Position(c.Request.Context(), rec.Job.ID); err == nil && pos > 0 {
 			eta, _ := s.d.Queue.ETA(c.Request.Context(), pos)
-			secs := int(eta.Seconds())
-			v.QueuePosition, v.EstimatedWaitSeconds = pos, &secs
+			secs, ms := progress.WaitSeconds(eta), eta.Milliseconds()
+			v.QueuePosition, v.EstimatedWaitSeconds, v.EstimatedWaitMS = pos, &secs, &ms
 		}
 	}
 	c.JSON(http.StatusOK, v)

@@ -270,7 +270,7 @@ func (in *Intake) position(ctx context.Context, a *Accepted, lang string) {
 		in.logger.Warn("intake: eta", "request_id", a.ID, "err", err)
 	}
 	a.Position, a.ETA = pos, eta
-	a.Message = progress.QueuedMessage(lang, pos, int(eta.Seconds()))
+	a.Message = progress.QueuedMessage(lang, pos, progress.WaitSeconds(eta))
 }
 
 // degraded marks the answer service_degraded when the "all" breaker, or the

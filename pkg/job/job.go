@@ -120,9 +120,11 @@ type Event struct {
 	Status    Status    `json:"status"`
 	At        time.Time `json:"at"`
 	// Queue position and ETA (queued, degraded).
-	QueuePosition        int    `json:"queue_position,omitempty"`
-	EstimatedWaitSeconds int    `json:"estimated_wait_seconds,omitempty"`
-	Message              string `json:"message,omitempty"`
+	QueuePosition        int `json:"queue_position,omitempty"`
+	EstimatedWaitSeconds int `json:"estimated_wait_seconds,omitempty"`
+	// EstimatedWaitMS is the same estimate to the millisecond.
+	EstimatedWaitMS int64  `json:"estimated_wait_ms,omitempty"`
+	Message         string `json:"message,omitempty"`
 	// RetryAfterSeconds (waiting, degraded).
 	RetryAfterSeconds int `json:"retry_after_seconds,omitempty"`
 	// Provider and tier involved (started, fallback, completed).

@@ -31,10 +31,15 @@ const (
 	// ClassPermanent: the request itself is wrong (other 4xx). Fail at once
 	// with the provider's message.
 	ClassPermanent Class = "permanent"
+	// ClassModelUnavailable: the provider does not serve the route's model
+	// (not found, retired, not enabled for the account). The request is
+	// fine and so is the key: the equivalent model of the other provider
+	// answers instead.
+	ClassModelUnavailable Class = "model_unavailable"
 )
 
 // Classes lists every class, for metrics and tests.
-var Classes = []Class{ClassRateLimited, ClassQuota, ClassOverloaded, ClassTransient, ClassAuth, ClassPermanent}
+var Classes = []Class{ClassRateLimited, ClassQuota, ClassOverloaded, ClassTransient, ClassAuth, ClassPermanent, ClassModelUnavailable}
 
 // Error is a classified provider failure.
 type Error struct {

@@ -21,12 +21,14 @@ const (
 	OutcomeTimeout     = "timeout"
 	OutcomeAuth        = "auth"
 	OutcomeBadRequest  = "bad_request"
+	// OutcomeModelUnavailable: the provider does not serve the model.
+	OutcomeModelUnavailable = "model_unavailable"
 )
 
 // Outcomes lists every value Outcome returns.
 var Outcomes = []string{
 	OutcomeOK, OutcomeRateLimited, OutcomeQuota, OutcomeOverloaded,
-	OutcomeServerError, OutcomeTimeout, OutcomeAuth, OutcomeBadRequest,
+	OutcomeServerError, OutcomeTimeout, OutcomeAuth, OutcomeBadRequest, OutcomeModelUnavailable,
 }
 
 // Outcome maps the error of a provider call to the outcome label.
@@ -60,6 +62,8 @@ func Outcome(err error) string {
 		return OutcomeAuth
 	case llm.ClassPermanent:
 		return OutcomeBadRequest
+	case llm.ClassModelUnavailable:
+		return OutcomeModelUnavailable
 	case llm.ClassTransient:
 		if isTimeout(pe.Err) || pe.Status == http.StatusRequestTimeout || pe.Status == http.StatusGatewayTimeout {
 			return OutcomeTimeout

@@ -73,6 +73,8 @@ func TestOutcomeCoversEveryClass(t *testing.T) {
 		llm.ClassTransient:   OutcomeServerError,
 		llm.ClassAuth:        OutcomeAuth,
 		llm.ClassPermanent:   OutcomeBadRequest,
+
+		llm.ClassModelUnavailable: OutcomeModelUnavailable,
 	}
 	seen := map[string]bool{OutcomeOK: true}
 	for _, c := range llm.Classes {

@@ -264,12 +264,19 @@ func (h *Hub) updatePositions(ctx context.Context) {
 	}
 }
 
+// WaitSeconds is an estimated wait in whole seconds, rounded up: a caller
+// told "0 seconds" would poll at once. estimated_wait_ms carries the
+// estimate to the millisecond.
+func WaitSeconds(eta time.Duration) int {
+	return int((eta + time.Second - 1) / time.Second)
+}
+
 // QueuedEvent builds the design document's 4.3 queued update.
 func QueuedEvent(id string, position int, eta time.Duration, lang string) job.Event {
-	secs := int(eta.Seconds())
+	secs := WaitSeconds(eta)
 	return job.Event{
 		Type: job.EventQueued, RequestID: id, Status: job.StatusQueued, At: time.Now(),
-		QueuePosition: position, EstimatedWaitSeconds: secs,
+		QueuePosition: position, EstimatedWaitSeconds: secs, EstimatedWaitMS: eta.Milliseconds(),
 		Message: QueuedMessage(lang, position, secs),
 	}
 }

@@ -10,9 +10,18 @@
 // strict priority and mostly first under weights), plus its own queue ahead
 // of it: exact for FIFO within a priority, conservative across priorities.
 //
-// The drain rate is measured, not assumed: every worker records each start
-// in a sorted set (Redis TIME), and the rate is the starts of the last
-// RateWindow. The ETA of position n is n / rate.
+// A request a worker has taken from asynq but that still waits for a
+// global slot (pkg/slots) is still queued: positions and depths count
+// those waiters first (they left asynq earlier), in the order the slots
+// will be granted, then the pending lists.
+//
+// The drain rate is measured, not assumed: every worker records each
+// request's first start in a sorted set (Redis TIME), and the rate is the
+// starts of the last RateWindow over the time they span. Before enough
+// starts were seen, and as a ceiling (a storm's first seconds start a
+// burst of requests at once that then wait for their keys), the rate is
+// Capacity, the requests per second the keys can carry. The ETA of
+// position n is n / rate.
 package queue
 
 import (
@@ -35,9 +44,17 @@ const TaskType = "bulwark:call"
 
 // Defaults.
 const (
-	RateWindowDefault   = time.Minute
-	FallbackRateDefault = 1.0 // requests/s assumed before anything was measured
+	RateWindowDefault   = 20 * time.Second
+	FallbackRateDefault = 1.0 // requests/s assumed without Capacity before anything was measured
+	// minRateSamples is how many starts a measured rate needs.
+	minRateSamples = 5
 )
+
+// Waiters lists the requests that left asynq but wait for a global slot,
+// per priority in the order they will be granted (slots.Limiter).
+type Waiters interface {
+	Waiting(ctx context.Context) (map[priority.Priority][]string, error)
+}
 
 // ErrQueueFull is returned by Admit when the queues are at MaxDepth.
 var ErrQueueFull = errors.New("queue: full")
@@ -67,8 +84,15 @@ type Payload struct {
 type Config struct {
 	// MaxDepth is the admission limit of waiting requests. Default 200.
 	MaxDepth int
-	// RateWindow over which the drain rate is measured. Default 1m.
+	// RateWindow over which the drain rate is measured. Default 20s.
 	RateWindow time.Duration
+	// Capacity is the requests per second the provider keys can carry
+	// (Σ RPM/60): the drain rate before one was measured, and its ceiling.
+	// 0 means unknown: FallbackRateDefault, no ceiling.
+	Capacity float64
+	// Waiters, when set, adds the requests waiting for a global slot to
+	// positions and depths.
+	Waiters Waiters
 	// TaskTimeout bounds one processing attempt of a task. Default 15m.
 	TaskTimeout time.Duration
 	// MaxRetry of a task (transient failures; waits for capacity do not
@@ -171,11 +195,27 @@ func (q *Queue) Depth(ctx context.Context) (map[priority.Priority]int, error) {
 	if err != nil {
 		return nil, err
 	}
+	waiting, err := q.waiting(ctx)
+	if err != nil {
+		return nil, err
+	}
 	out := map[priority.Priority]int{}
 	for _, p := range priority.All {
-		out[p] = int(pending[p] + delayed[p])
+		out[p] = int(pending[p]+delayed[p]) + len(waiting[p])
 	}
 	return out, nil
+}
+
+// waiting returns the slot waiters, or none without Config.Waiters.
+func (q *Queue) waiting(ctx context.Context) (map[priority.Priority][]string, error) {
+	if q.cfg.Waiters == nil {
+		return nil, nil
+	}
+	w, err := q.cfg.Waiters.Waiting(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("queue: slot waiters: %w", err)
+	}
+	return w, nil
 }
 
 // Admit returns a *FullError (errors.Is ErrQueueFull) when the queues hold
@@ -223,23 +263,46 @@ redis.call("ZADD", KEYS[1], now, ARGV[1])
 redis.call("ZREMRANGEBYSCORE", KEYS[1], "-inf", now - tonumber(ARGV[2]))
 return 1`
 
-// rateScript: KEYS[1] starts zset; ARGV[1] window ms. Reply: starts in window.
+// rateScript: KEYS[1] starts zset; ARGV[1] window ms. Reply: {starts in
+// window, ms since the oldest of them}.
 const rateScript = `
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-return redis.call("ZCOUNT", KEYS[1], now - tonumber(ARGV[1]), "+inf")`
+local from = now - tonumber(ARGV[1])
+local n = redis.call("ZCOUNT", KEYS[1], from, "+inf")
+if n == 0 then return {0, 0} end
+local first = redis.call("ZRANGEBYSCORE", KEYS[1], from, "+inf", "WITHSCORES", "LIMIT", 0, 1)
+return {n, now - tonumber(first[2])}`
 
-// Rate returns the measured drain rate in requests per second, or
-// FallbackRateDefault when nothing started within the window.
+// Rate returns the drain rate in requests per second: the starts of the
+// last RateWindow over the time they span (at least one second), at most
+// Capacity; Capacity (or FallbackRateDefault) until minRateSamples starts
+// were seen.
 func (q *Queue) Rate(ctx context.Context) (float64, error) {
-	n, err := q.rdb.Eval(ctx, rateScript, []string{q.startsKey()}, q.cfg.RateWindow.Milliseconds()).Int64()
+	v, err := q.rdb.Eval(ctx, rateScript, []string{q.startsKey()}, q.cfg.RateWindow.Milliseconds()).Int64Slice()
 	if err != nil {
 		return 0, fmt.Errorf("queue: rate: %w", err)
 	}
-	if n == 0 {
-		return FallbackRateDefault, nil
+	if len(v) != 2 {
+		return 0, fmt.Errorf("queue: rate: unexpected reply %v", v)
 	}
-	return float64(n) / q.cfg.RateWindow.Seconds(), nil
+	return rateOf(v[0], time.Duration(v[1])*time.Millisecond, q.cfg.Capacity), nil
+}
+
+// rateOf is the drain rate of n starts spanning span, capped by capacity
+// (0: none).
+func rateOf(n int64, span time.Duration, capacity float64) float64 {
+	if n < minRateSamples {
+		if capacity > 0 {
+			return capacity
+		}
+		return FallbackRateDefault
+	}
+	r := float64(n) / max(span.Seconds(), 1)
+	if capacity > 0 {
+		r = min(r, capacity)
+	}
+	return r
 }
 
 // ETA returns the expected wait of the request at position n.
@@ -252,12 +315,12 @@ func (q *Queue) ETA(ctx context.Context, n int) (time.Duration, error) {
 }
 
 // ETAFor is the expected wait at position n when requests drain at rate
-// per second, rounded up to whole seconds.
+// per second, to the millisecond.
 func ETAFor(n int, rate float64) time.Duration {
-	if n <= 0 {
+	if n <= 0 || rate <= 0 {
 		return 0
 	}
-	return time.Duration(math.Ceil(float64(n)/rate)) * time.Second
+	return time.Duration(math.Round(float64(n)/rate*1000)) * time.Millisecond
 }
 
 // Positions returns the 1-based position of every pending request of the
@@ -271,10 +334,18 @@ func (q *Queue) Positions(ctx context.Context) (map[string]int, error) {
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("queue: positions: %w", err)
 	}
+	waiting, err := q.waiting(ctx)
+	if err != nil {
+		return nil, err
+	}
 	out := map[string]int{}
-	ahead := 0 // pending requests of more urgent priorities
+	ahead := 0 // requests before the current one
 	for _, p := range priority.All {
-		ids := lists[p].Val()
+		for _, id := range waiting[p] {
+			ahead++
+			out[id] = ahead
+		}
+		ids := lists[p].Val() // newest first
 		n := len(ids)
 		for i, id := range ids {
 			out[id] = ahead + (n - i)

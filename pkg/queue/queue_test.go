@@ -3,6 +3,7 @@ package queue_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -17,7 +18,7 @@ func TestETAFor(t *testing.T) {
 		n    int
 		rate float64
 		want time.Duration
-	}{{0, 1, 0}, {1, 1, time.Second}, {10, 4, 3 * time.Second}, {3, 0.5, 6 * time.Second}} {
+	}{{0, 1, 0}, {1, 1, time.Second}, {10, 4, 2500 * time.Millisecond}, {3, 0.5, 6 * time.Second}, {1, 3, 333 * time.Millisecond}, {5, 0, 0}} {
 		if got := queue.ETAFor(tt.n, tt.rate); got != tt.want {
 			t.Errorf("ETAFor(%d, %g) = %s, want %s", tt.n, tt.rate, got, tt.want)
 		}
@@ -71,5 +72,63 @@ func TestPositionsAndAdmission(t *testing.T) {
 	}
 	if p, _ := q.Position(ctx, "n2"); p != 2 {
 		t.Fatalf("n2 after n1 left: %d", p)
+	}
+}
+
+// fakeWaiters stands in for slots.Limiter: requests a worker took from
+// asynq that wait for a global slot.
+type fakeWaiters map[priority.Priority][]string
+
+func (f fakeWaiters) Waiting(context.Context) (map[priority.Priority][]string, error) { return f, nil }
+
+// A request waiting for a slot left asynq before any pending one of its
+// priority: it is ahead of them, behind every more urgent request, and it
+// counts towards the depth admission limits.
+func TestSlotWaitersAreQueued(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := fakeWaiters{priority.Normal: {"wn1", "wn2"}, priority.Critical: {"wc1"}}
+	q := queue.New(testenv.Redis(t), queue.Config{MaxDepth: 6, Prefix: "t:", Waiters: w})
+	defer q.Close()
+	for _, e := range []struct {
+		id string
+		p  priority.Priority
+	}{{"n1", priority.Normal}, {"c1", priority.Critical}, {"l1", priority.Low}} {
+		if err := q.Enqueue(ctx, e.id, e.p, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pos, err := q.Positions(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]int{"wc1": 1, "c1": 2, "wn1": 3, "wn2": 4, "n1": 5, "l1": 6}
+	for id, p := range want {
+		if pos[id] != p {
+			t.Errorf("position of %s = %d, want %d (all: %v)", id, pos[id], p, pos)
+		}
+	}
+	if err := q.Admit(ctx); !errors.Is(err, queue.ErrQueueFull) {
+		t.Fatalf("6 waiting of 6: Admit = %v, want queue full", err)
+	}
+}
+
+// Before anything was measured the ETA assumes the keys' capacity; a burst
+// of starts (slots filled at once) never makes it faster than that.
+func TestRateUsesCapacity(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	q := queue.New(testenv.Redis(t), queue.Config{Prefix: "t:", Capacity: 8})
+	defer q.Close()
+	if r, err := q.Rate(ctx); err != nil || r != 8 {
+		t.Fatalf("rate before any start = %v, %v; want the capacity 8", r, err)
+	}
+	for i := range 20 { // 20 starts within a second
+		if err := q.RecordStart(ctx, fmt.Sprint("burst-", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r, err := q.Rate(ctx); err != nil || r != 8 {
+		t.Fatalf("rate after a burst = %v, %v; want capped at 8", r, err)
 	}
 }

@@ -98,13 +98,15 @@ func Open(ctx context.Context, cfg *config.Config, logger *slog.Logger) (b *Base
 	b.Metrics.InitKeys(ids...)
 
 	b.Jobs = job.NewStore(b.Redis, p, cfg.Server.ResultTTL)
-	b.Queue = queue.New(b.Redis, queue.Config{MaxDepth: cfg.Queue.MaxDepth, MaxRetry: cfg.Worker.MaxAttempts, Prefix: p})
 	b.Slots, err = slots.New(b.Redis, slots.Config{Total: cfg.Queue.MaxConcurrentLLMCalls, Reserved: cfg.Queue.Reserved,
 		LeaseTTL: cfg.Queue.SlotLease, Prefix: p + "slots:"})
 	if err != nil {
 		return nil, err
 	}
-	b.Pool, err = keypool.New(ctx, b.Redis, keypool.Config{Keys: poolKeys(cfg), Prefix: p + "keypool:"}, logger)
+	b.Queue = queue.New(b.Redis, queue.Config{MaxDepth: cfg.Queue.MaxDepth, MaxRetry: cfg.Worker.MaxAttempts, Prefix: p,
+		Capacity: keyCapacity(cfg), Waiters: b.Slots})
+	b.Pool, err = keypool.New(ctx, b.Redis, keypool.Config{Keys: poolKeys(cfg), Prefix: p + "keypool:",
+		LeaseTTL: config.KeyLeaseDefault}, logger)
 	if err != nil {
 		return nil, fmt.Errorf("service: key pool: %w", err)
 	}
@@ -196,11 +198,21 @@ func maxProviderTimeout(cfg *config.Config) time.Duration {
 	return m
 }
 
+// keyCapacity is the requests per second all keys together can carry, at
+// the pool's pace: the drain rate a backlog cannot beat.
+func keyCapacity(cfg *config.Config) float64 {
+	rpm := 0
+	for _, k := range cfg.Keys {
+		rpm += k.RPMLimit
+	}
+	return float64(rpm) / 60 * keypool.PaceDefault
+}
+
 func poolKeys(cfg *config.Config) []keypool.Key {
 	out := make([]keypool.Key, 0, len(cfg.Keys))
 	for _, k := range cfg.Keys {
 		out = append(out, keypool.Key{ID: k.ID, Provider: k.Provider, Tier: k.ModelTier, APIKey: k.APIKey,
-			RPM: k.RPMLimit, TPM: k.TPMLimit, MaxInFlight: k.MaxInFlight})
+			RPM: k.RPMLimit, TPM: k.TPMLimit, MaxInFlight: k.MaxInFlight, Window: k.BurstWindow})
 	}
 	return out
 }

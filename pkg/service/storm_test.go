@@ -8,9 +8,11 @@ import (
 	"bulwark/pkg/mockprovider"
 )
 
-// The storm: four keys (two per provider), offered three times their
-// capacity; then one provider forced to 429 (fallback carries the load);
-// then both (the breakers open, new requests are answered
+// The storm: four keys (two per provider) that the mock meters over 1 s
+// windows, as the providers do, offered three times their capacity and
+// then a burst of ten times: no breaker opens and the provider sees
+// almost no 429; then one provider forced to 429 (fallback carries the
+// load); then both (the breakers open, new requests are answered
 // service_degraded, and everything completes after recovery). Bounded well
 // under a minute.
 func TestStorm(t *testing.T) {
@@ -31,16 +33,16 @@ keys:
 	s.startWorker()
 	s.startWorker()
 
-	// Phase A: spend the initial buckets (4 × 60), then offer 3× the steady
-	// capacity (4 keys × 1/s) for 4 s, half on each provider.
+	// Phase A: offer 3× the capacity (4 keys × 1/s) for 4 s, half on each
+	// provider, then 10× for a second at once.
 	var ids []string
-	ids = append(ids, api.submitMany(t, 120, "warm-c", nil)...)
-	ids = append(ids, api.submitMany(t, 120, "warm-o", map[string]any{"provider": "openai", "model_tier": "gpt4o"})...)
 	for sec := range 4 {
 		ids = append(ids, api.submitMany(t, 6, "storm-c"+string(rune('0'+sec)), nil)...)
 		ids = append(ids, api.submitMany(t, 6, "storm-o"+string(rune('0'+sec)), map[string]any{"provider": "openai", "model_tier": "gpt4o"})...)
 		time.Sleep(time.Second) // pacing the offered load, not synchronising
 	}
+	ids = append(ids, api.submitMany(t, 20, "burst-c", nil)...)
+	ids = append(ids, api.submitMany(t, 20, "burst-o", map[string]any{"provider": "openai", "model_tier": "gpt4o"})...)
 	for _, id := range ids {
 		if out := api.waitStatus(t, id, 45*time.Second, "completed", "failed"); out["status"] != "completed" {
 			t.Fatalf("storm request %s: %v", id, out)
@@ -50,6 +52,11 @@ keys:
 	t.Logf("phase A: %d provider calls, %d ok, %d over-subscription 429s", st.Requests, st.OK, st.RateLimited)
 	if float64(st.RateLimited) > 0.02*float64(st.Requests) {
 		t.Fatalf("provider-side 429s %d of %d calls (> 2%%)", st.RateLimited, st.Requests)
+	}
+	for _, name := range []string{"all", "claude/sonnet", "openai/gpt4o"} {
+		if got := breakerOpened(t, api, name); got {
+			t.Fatalf("breaker %s opened during a storm the pool paces", name)
+		}
 	}
 
 	// Phase B: Claude answers 429 to everything; Claude requests are served
@@ -106,4 +113,20 @@ func breakerState(t *testing.T, api *apiProc, name string) string {
 		}
 	}
 	return "closed"
+}
+
+// breakerOpened reports whether breaker name ever opened (OpenedAt is kept
+// after it closes).
+func breakerOpened(t *testing.T, api *apiProc, name string) bool {
+	t.Helper()
+	_, out, _ := call(t, "GET", api.ts.URL+"/admin/breakers", adminToken, nil)
+	list, _ := out["breakers"].([]any)
+	for _, b := range list {
+		m := b.(map[string]any)
+		if m["name"] == name {
+			_, opened := m["opened_at"]
+			return opened
+		}
+	}
+	return false
 }

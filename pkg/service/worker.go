@@ -45,7 +45,8 @@ func (b *Base) Worker(clients map[llm.Provider]llm.Client) (*asynq.Server, *asyn
 	}
 	d := dispatch.New(dispatch.Config{
 		Clients: clients, Fallback: cfg.FallbackOf, ModelName: cfg.ModelName, Price: b.price,
-		MaxSlotWaiters: maxSlotWaiters(cfg),
+		MaxActive: maxActive(cfg), PaceWait: cfg.Worker.PaceWait, HoldWait: cfg.Worker.HoldWait,
+		SlotRenew: cfg.Queue.SlotLease / 3,
 	}, dispatch.Deps{
 		Jobs: b.Jobs, Starts: b.Queue, Slots: b.Slots, Pool: b.Pool, Breakers: b.Breakers,
 		Finisher: finisher{b: b, co: coalescer{rdb: b.Redis, prefix: cfg.Redis.Prefix}}, Cache: ca,
@@ -127,14 +128,17 @@ func queueWeights(q config.Queue) map[string]int {
 	return out
 }
 
-// maxSlotWaiters caps each priority's slot waiters at the slots it could
-// ever hold: the total less the reserves of every more urgent priority.
-func maxSlotWaiters(cfg *config.Config) map[priority.Priority]int {
+// maxActive caps the tasks of each non-critical priority that one worker
+// process works on at once so that, whatever floods, as many goroutines as
+// CRITICAL has reserved slots stay free to dequeue CRITICAL tasks at once.
+// CRITICAL itself is not capped.
+func maxActive(cfg *config.Config) map[priority.Priority]int {
 	out := map[priority.Priority]int{}
-	owed := 0
+	free := min(cfg.Queue.Reserved[priority.Critical], cfg.Worker.Concurrency/2)
 	for _, p := range priority.All {
-		out[p] = max(1, cfg.Queue.MaxConcurrentLLMCalls-owed)
-		owed += cfg.Queue.Reserved[p]
+		if p != priority.Critical {
+			out[p] = max(1, cfg.Worker.Concurrency-free)
+		}
 	}
 	return out
 }

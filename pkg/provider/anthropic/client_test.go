@@ -160,7 +160,7 @@ func TestCompleteErrors(t *testing.T) {
 		{"400 invalid_request_error", 400, "invalid_request.json", nil,
 			llm.ClassPermanent, "invalid_request_error", "max_tokens: 100000 > 64000", 0, false},
 		{"404 not_found_error", 404, "not_found.json", nil,
-			llm.ClassPermanent, "not_found_error", "claude-nope-1", 0, false},
+			llm.ClassModelUnavailable, "not_found_error", "claude-nope-1", 0, false},
 		{"413 request_too_large", 413, "request_too_large.json", nil,
 			llm.ClassPermanent, "request_too_large", "maximum allowed number of bytes", 0, false},
 		{"502 HTML from a proxy", 502, "bad_gateway.html", map[string]string{"retry-after": "garbage"},

@@ -45,8 +45,11 @@ type classRule struct {
 //     burning the other keys of this one.
 //   - authentication_error (401) and permission_error (403) condemn the key.
 //   - api_error (500) and timeout_error (504) are transient.
-//   - invalid_request_error, not_found_error and request_too_large are the
-//     request's fault: permanent.
+//   - not_found_error on a Messages call names the one resource it has, the
+//     model (unknown, retired, or not enabled for the account):
+//     model_unavailable, so the other provider's equivalent answers.
+//   - invalid_request_error and request_too_large are the request's fault:
+//     permanent.
 var classRules = []classRule{
 	{"tier spend cap", func(f failure) bool {
 		return f.code == "enforced_spend_limit_reached" || strings.Contains(f.body, "enforced_spend_limit_reached")
@@ -61,9 +64,10 @@ var classRules = []classRule{
 		return f.errType == "authentication_error" || f.errType == "permission_error"
 	}, llm.ClassAuth},
 	{"server", func(f failure) bool { return f.errType == "api_error" || f.errType == "timeout_error" }, llm.ClassTransient},
+	{"model", func(f failure) bool { return f.errType == "not_found_error" }, llm.ClassModelUnavailable},
 	{"request", func(f failure) bool {
 		switch f.errType {
-		case "invalid_request_error", "not_found_error", "request_too_large":
+		case "invalid_request_error", "request_too_large":
 			return true
 		}
 		return false

@@ -159,7 +159,7 @@ func TestCompleteErrors(t *testing.T) {
 		{"400 context_length_exceeded", 400, "context_length.json", nil,
 			llm.ClassPermanent, "context_length_exceeded", "maximum context length", 0, false},
 		{"404 model_not_found", 404, "model_not_found.json", nil,
-			llm.ClassPermanent, "model_not_found", "gpt-nope", 0, false},
+			llm.ClassModelUnavailable, "model_not_found", "gpt-nope", 0, false},
 		{"compatible host: string error", 503, "compat_string_error.json", nil,
 			llm.ClassOverloaded, "", "upstream overloaded", 0, false},
 		{"compatible host: numeric code, -1 ms, seconds fallback", 429, "compat_numeric_code.json", map[string]string{"retry-after-ms": "-1", "retry-after": "3"},

@@ -69,6 +69,9 @@ var quotaCodes = []string{
 //   - Rate limits: rate_limit_exceeded, slow_down at 429 (traffic ramped up
 //     too fast; it passes), and the legacy types "requests" and "tokens".
 //   - Server errors by name (server_error, api_error, timeout) are transient.
+//   - model_not_found (404, also sent when the account may not use the
+//     model) and a 404 whose message names a model: model_unavailable, so
+//     the other provider's equivalent answers.
 //
 // Everything else, invalid_request_error included (OpenAI also uses that
 // type for a missing key at 401), is decided by the status.
@@ -86,6 +89,9 @@ var classRules = []classRule{
 		return f.is("rate_limit_exceeded", "rate_limit_error", "slow_down", "requests", "tokens")
 	}, llm.ClassRateLimited},
 	{"server", func(f failure) bool { return f.is("server_error", "api_error", "timeout") }, llm.ClassTransient},
+	{"model", func(f failure) bool {
+		return f.is("model_not_found") || (f.status == http.StatusNotFound && strings.Contains(f.message, "model"))
+	}, llm.ClassModelUnavailable},
 }
 
 // Classify returns the class of an OpenAI (or OpenAI-compatible) error

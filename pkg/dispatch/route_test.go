@@ -1,0 +1,64 @@
+package dispatch
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"bulwark/pkg/breaker"
+	"bulwark/pkg/keypool"
+	"bulwark/pkg/llm"
+)
+
+// TestConsequences pins what each failure class does. A change here is a
+// change of behaviour an operator will notice: write it down in the
+// package doc too.
+func TestConsequences(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		class   llm.Class
+		breaker breaker.Outcome
+		key     keypool.Action
+		next    step
+		event   bool
+	}{
+		// A 429 is about the key: cool it, try the next; three in a row
+		// with no success between open the route's breaker.
+		{llm.ClassRateLimited, breaker.Failure, keypool.Cool, nextKey, true},
+		// Billing and credentials condemn one key, not the route.
+		{llm.ClassQuota, breaker.Ignore, keypool.Disable, nextKey, true},
+		{llm.ClassAuth, breaker.Ignore, keypool.Disable, nextKey, true},
+		// Overload and a missing model condemn the provider's route for
+		// this attempt: the other provider answers.
+		{llm.ClassOverloaded, breaker.Failure, keypool.Refund, nextRoute, true},
+		{llm.ClassModelUnavailable, breaker.Failure, keypool.Refund, nextRoute, true},
+		// 5xx and timeouts are noise: back off, another key; never a breaker.
+		{llm.ClassTransient, breaker.Ignore, keypool.Refund, nextKeyBackoff, true},
+		// The request's own fault ends it, silently for the breaker.
+		{llm.ClassPermanent, breaker.Ignore, keypool.Refund, failRequest, false},
+	}
+	if len(tests) != len(llm.Classes) {
+		t.Fatalf("%d classes tested, llm has %d: add the new class here and to consequences", len(tests), len(llm.Classes))
+	}
+	for _, tt := range tests {
+		t.Run(string(tt.class), func(t *testing.T) {
+			t.Parallel()
+			c := consequenceOf(fmt.Errorf("call: %w", &llm.Error{Class: tt.class}))
+			if c.breaker != tt.breaker || c.key != tt.key || c.next != tt.next || (c.event != "") != tt.event {
+				t.Fatalf("consequence = %+v, want breaker %s, key %s, next %d, event %v", c, tt.breaker, tt.key, tt.next, tt.event)
+			}
+		})
+	}
+}
+
+// An error that is not a classified provider error (a transport failure)
+// is handled as transient, never as the request's fault.
+func TestUnclassifiedIsTransient(t *testing.T) {
+	t.Parallel()
+	for _, err := range []error{errors.New("connection reset"), context.DeadlineExceeded} {
+		if c := consequenceOf(err); c != consequences[llm.ClassTransient] {
+			t.Fatalf("consequenceOf(%v) = %+v, want the transient row", err, c)
+		}
+	}
+}
