@@ -1,5 +1,5 @@
 # The two commands of the README: `make run` and `make test`.
-.PHONY: run test build bench lint
+.PHONY: run test build bench storm lint
 
 run:
 	scripts/run.sh
@@ -17,6 +17,13 @@ bench:
 	BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -run '^$$' -bench . -benchtime 1000x -count 3 ./pkg/cache
 	BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -run '^$$' -bench CacheThroughAPI -benchtime 400x -count 3 ./pkg/service
 	BULWARK_RACE=0 scripts/test.sh -run '^$$' -bench 'QueuedPath|ThousandStreams' -benchtime 1x -count 3 ./pkg/service
+	$(MAKE) storm
+
+# The storm benchmark alone (README, Performance): api, two workers and the
+# mock provider as OS processes, five scenarios, under five minutes; exits 1
+# when a target is missed. STORM_ARGS passes flags (e.g. -scenarios S1 -n 120).
+storm:
+	BULWARK_STORM=1 BULWARK_STORM_ARGS="$(STORM_ARGS)" BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -count=1 -run '^TestStormBench$$' -v -timeout 8m ./pkg/storm
 
 # golangci-lint at a pinned version (also run by `make test`).
 lint:

@@ -250,11 +250,36 @@ func (d *Dispatcher) callRoute(ctx context.Context, rec *job.Record, r llm.Route
 
 // acquire reserves a key of r. Without a lease it returns the route's
 // outcome instead.
+//
+// When the keys' reservations already reach past PaceWait, it waits (with
+// its slot) until they come within it, at most PaceWait more, and asks
+// again: giving the slot back instead would let a younger request that
+// takes it reserve first, and the oldest requests would keep losing their
+// turn. The slot holders bound the reservations ahead, so this wait is
+// short.
 func (d *Dispatcher) acquire(ctx context.Context, r llm.Route, est int) (*keypool.Lease, outcome, routeResult) {
-	lease, err := d.pool.Acquire(ctx, r, est, keypool.Within(d.cfg.PaceWait))
-	if err == nil {
-		return lease, outcome{}, routeOK
+	var ee *keypool.ExhaustedError
+	for {
+		lease, err := d.pool.Acquire(ctx, r, est, keypool.Within(d.cfg.PaceWait))
+		if err == nil {
+			return lease, outcome{}, routeOK
+		}
+		soft := errors.As(err, &ee) && (ee.Reason == keypool.ReasonRequests || ee.Reason == keypool.ReasonTokens)
+		if !soft || ee.RetryAfter > d.cfg.PaceWait {
+			return d.notAcquired(err)
+		}
+		if !sleep(ctx, max(ee.RetryAfter, minPaceRecheck)) {
+			return nil, outcome{}, routeCancelled
+		}
 	}
+}
+
+// minPaceRecheck bounds how often a request waiting for the reservation
+// horizon asks the pool again.
+const minPaceRecheck = 5 * time.Millisecond
+
+// notAcquired turns a failed Acquire into the route's outcome.
+func (d *Dispatcher) notAcquired(err error) (*keypool.Lease, outcome, routeResult) {
 	var ee *keypool.ExhaustedError
 	switch {
 	case errors.As(err, &ee):

@@ -34,14 +34,22 @@ func Open(ctx context.Context, cfg Config) (*pgxpool.Pool, error) {
 	if cfg.MaxConns > 0 {
 		pc.MaxConns = cfg.MaxConns
 	}
+	// Migrations run on a pool of their own without AfterConnect: a hook
+	// that registers types the migrations create (pgvector's) fails on
+	// every connection to a fresh database.
+	mpool, err := pgxpool.NewWithConfig(ctx, pc.Copy())
+	if err != nil {
+		return nil, fmt.Errorf("pgdb: open pool: %w", err)
+	}
+	err = Migrate(ctx, mpool)
+	mpool.Close()
+	if err != nil {
+		return nil, err
+	}
 	pc.AfterConnect = cfg.AfterConnect
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("pgdb: open pool: %w", err)
-	}
-	if err := Migrate(ctx, pool); err != nil {
-		pool.Close()
-		return nil, err
 	}
 	return pool, nil
 }

@@ -51,9 +51,11 @@ const (
 )
 
 // Waiters lists the requests that left asynq but wait for a global slot,
-// per priority in the order they will be granted (slots.Limiter).
+// per priority in the order they will be granted, and the slots each
+// priority could take now (slots.Limiter).
 type Waiters interface {
 	Waiting(ctx context.Context) (map[priority.Priority][]string, error)
+	Free(ctx context.Context) (map[priority.Priority]int, error)
 }
 
 // ErrQueueFull is returned by Admit when the queues are at MaxDepth.
@@ -206,6 +208,19 @@ func (q *Queue) Depth(ctx context.Context) (map[priority.Priority]int, error) {
 	return out, nil
 }
 
+// free returns the slots each priority could take now, or none without
+// Config.Waiters.
+func (q *Queue) free(ctx context.Context) (map[priority.Priority]int, error) {
+	if q.cfg.Waiters == nil {
+		return nil, nil
+	}
+	f, err := q.cfg.Waiters.Free(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("queue: free slots: %w", err)
+	}
+	return f, nil
+}
+
 // waiting returns the slot waiters, or none without Config.Waiters.
 func (q *Queue) waiting(ctx context.Context) (map[priority.Priority][]string, error) {
 	if q.cfg.Waiters == nil {
@@ -323,8 +338,11 @@ func ETAFor(n int, rate float64) time.Duration {
 	return time.Duration(math.Round(float64(n)/rate*1000)) * time.Millisecond
 }
 
-// Positions returns the 1-based position of every pending request of the
-// given priorities (nil = all), keyed by id, in one round trip.
+// Positions returns the 1-based place in line of every queued request,
+// keyed by id: the requests that will start before it, itself included,
+// less the slots its priority could take at once (so the first requests
+// of a storm, which start at once, are not told to wait behind each
+// other).
 func (q *Queue) Positions(ctx context.Context) (map[string]int, error) {
 	pipe := q.rdb.Pipeline()
 	lists := map[priority.Priority]*redis.StringSliceCmd{}
@@ -338,17 +356,24 @@ func (q *Queue) Positions(ctx context.Context) (map[string]int, error) {
 	if err != nil {
 		return nil, err
 	}
+	free, err := q.free(ctx)
+	if err != nil {
+		return nil, err
+	}
 	out := map[string]int{}
 	ahead := 0 // requests before the current one
 	for _, p := range priority.All {
+		// A request that a free slot will take at once does not wait
+		// behind the others: its place in line is after those slots.
+		place := func(n int) int { return max(1, n-free[p]) }
 		for _, id := range waiting[p] {
 			ahead++
-			out[id] = ahead
+			out[id] = place(ahead)
 		}
 		ids := lists[p].Val() // newest first
 		n := len(ids)
 		for i, id := range ids {
-			out[id] = ahead + (n - i)
+			out[id] = place(ahead + (n - i))
 		}
 		ahead += n
 	}

@@ -67,9 +67,12 @@ func NewLogger(cfg config.Log) *slog.Logger {
 // the shared components. On error everything opened so far is closed.
 func Open(ctx context.Context, cfg *config.Config, logger *slog.Logger) (b *Base, err error) {
 	b = &Base{Cfg: cfg, Logger: logger}
+	// The deferred close keeps its own reference: the error returns below
+	// set the named result to nil.
+	opened := b
 	defer func() {
 		if err != nil {
-			b.Close()
+			opened.Close()
 		}
 	}()
 	b.Redis = redis.NewClient(&redis.Options{Addr: cfg.Redis.Addr, DB: cfg.Redis.DB, Password: cfg.Redis.Password.Reveal(),

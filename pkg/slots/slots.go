@@ -286,3 +286,32 @@ func newID() string {
 	_, _ = crand.Read(b)
 	return strconv.FormatInt(time.Now().UnixNano(), 36) + "-" + hex.EncodeToString(b)
 }
+
+// Free returns how many slots each priority could take now if it asked:
+// the free slots, less CRITICAL's unused reserve for every other priority.
+// It is an estimate for queue ETAs (waiters already counted elsewhere are
+// not subtracted); Acquire alone decides.
+func (l *Limiter) Free(ctx context.Context) (map[priority.Priority]int, error) {
+	used, err := l.InUse(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return freeOf(l.cfg, used), nil
+}
+
+// freeOf is Free's arithmetic on one reading of the slots in use.
+func freeOf(cfg Config, used map[priority.Priority]int) map[priority.Priority]int {
+	free := cfg.Total
+	for _, n := range used {
+		free -= n
+	}
+	owed := max(0, cfg.Reserved[priority.Critical]-used[priority.Critical])
+	out := make(map[priority.Priority]int, len(priority.All))
+	for _, p := range priority.All {
+		out[p] = max(0, free)
+		if p != priority.Critical {
+			out[p] = max(0, free-owed)
+		}
+	}
+	return out
+}

@@ -1,0 +1,74 @@
+// Package storm is Bulwark's storm benchmark: it runs Bulwark as separate
+// OS processes — the built binaries of ./api, ./worker (two worker
+// processes) and ./scripts/mockprovider, with a redis-server of its own and
+// a fresh PostgreSQL database — and drives them over HTTP the way a fleet
+// of clients would, then reports what the keys' capacity turned into.
+//
+// # Why processes
+//
+// The claims under test (keys paced across worker processes, breakers
+// shared through Redis, no request lost) are about processes. A harness
+// that wires the components into one test binary shares memory, a clock
+// and a scheduler among them and can hide exactly what this benchmark
+// looks for, so each scenario starts the real binaries, built once and
+// without the race detector (Build).
+//
+// # A scenario's life
+//
+// Run starts everything afresh for every scenario, so that one scenario's
+// breaker, cache or key state cannot leak into the next:
+//
+//  1. redis-server (from PATH, see scripts/deps.sh) on a free loopback port,
+//     no persistence, its files in the scenario's temporary folder;
+//  2. a database storm_<random> on the test PostgreSQL server
+//     ($BULWARK_TEST_PG, default the `make test` server on port 15433),
+//     dropped at the end, with only the pgvector extension created in
+//     advance (the processes register its types on every connection,
+//     before their migrations would create it); the api and worker
+//     processes apply the migrations at start-up (goose, under an
+//     advisory lock);
+//  3. the mock provider with every key at 120 RPM and a TPM far above the
+//     load (MockTPM), its latency set by the scenario, and -window 1s when
+//     the binary offers that flag (the design's one-second enforcement
+//     window; without the flag the mock meters as it always has);
+//  4. one api and two worker processes sharing a generated config.yaml
+//     (BULWARK_CONFIG): four OpenAI keys on openai/gpt4o-mini with the
+//     mock's limits, no Claude keys (the fallback routes exist but hold no
+//     capacity), default queue settings, a tenant and an admin token.
+//
+// Every process logs to its own file in the temporary folder; Result.Logs
+// holds the last lines of each. Readiness is polled: /readyz on the api,
+// /metrics on each worker's metrics address, /mock/stats on the mock.
+// When the scenario ends — normally, by its time limit, by a process dying
+// or by a panic — every process gets SIGTERM and, 10 s later, SIGKILL; on
+// Linux they are also killed if the benchmark process itself dies.
+// Everything listens on 127.0.0.1 only.
+//
+// # Measurements
+//
+// Each request's answer is checked against mockprovider.Reply of its
+// prompt; a wrong answer counts as not answered. Goodput is the answered
+// requests over what the keys could have served in the wall time (first
+// send to last answer): answered ÷ (wall seconds × Σ rpm/60). Provider
+// calls and provider 429s are the mock's own counters (GET /mock/stats).
+// Breaker openings are counted by polling GET /admin/breakers every 500 ms
+// and once at the end: every distinct opened_at of a breaker, plus any
+// breaker seen open or half-open without one.
+//
+// The async scenario records every queue estimate a client receives —
+// estimated_wait_ms (or, from an older Bulwark, estimated_wait_seconds) of
+// the 202 answer and of each SSE `queued` event —
+// with the time it arrived, and resolves it at the request's next
+// `started` event (the event's own timestamp: same host, same clock). Its
+// error is |estimate − real| ÷ max(real, 1 s): a real wait under a second
+// is compared with one second rather than letting a 0.05 s start turn an
+// estimate 0.3 s off into a 500 % error.
+//
+// # Running it
+//
+//	go run ./scripts/storm [-scenarios S1,S1-slow,S1-slow-async,S2] [-n 400] [-clients 50]
+//
+// needs the test PostgreSQL server (`make bench` starts it through
+// scripts/test.sh and runs TestStormBench, which is the same code path).
+// TestShortStorm, part of `make test`, runs a short S1.
+package storm

@@ -1,0 +1,190 @@
+package storm
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+)
+
+// stopGrace is how long a process has between SIGTERM and SIGKILL.
+const stopGrace = 10 * time.Second
+
+// process is one child process whose output goes to a log file.
+type process struct {
+	name    string
+	logPath string
+	cmd     *exec.Cmd
+	log     *os.File
+
+	done     chan struct{} // closed when the process has exited
+	exitErr  error         // valid once done is closed
+	stopping atomic.Bool   // set before a deliberate stop
+	stopOnce sync.Once
+}
+
+// startProcess starts path with args in dir, output to dir/name.log.
+// onExit is called (in its own goroutine) if the process exits before
+// stop was called.
+func startProcess(name, dir, path string, args, env []string, onExit func(name string, err error)) (*process, error) {
+	logPath := filepath.Join(dir, name+".log")
+	f, err := os.Create(logPath)
+	if err != nil {
+		return nil, fmt.Errorf("storm: %s: log file: %w", name, err)
+	}
+	cmd := exec.Command(path, args...)
+	cmd.Dir = dir
+	cmd.Env = env
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = sysProcAttr()
+	if err := cmd.Start(); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("storm: start %s: %w", name, err)
+	}
+	p := &process{name: name, logPath: logPath, cmd: cmd, log: f, done: make(chan struct{})}
+	go func() {
+		p.exitErr = cmd.Wait()
+		_ = f.Close()
+		close(p.done)
+		if !p.stopping.Load() && onExit != nil {
+			onExit(name, p.exitErr)
+		}
+	}()
+	return p, nil
+}
+
+// exited reports whether the process has exited, and how.
+func (p *process) exited() (bool, error) {
+	select {
+	case <-p.done:
+		return true, p.exitErr
+	default:
+		return false, nil
+	}
+}
+
+// stop sends SIGTERM, waits up to stopGrace, then SIGKILLs and waits. Safe
+// to call more than once and from several goroutines.
+func (p *process) stop() {
+	p.stopOnce.Do(func() {
+		p.stopping.Store(true)
+		if done, _ := p.exited(); done {
+			return
+		}
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+			return
+		case <-time.After(stopGrace):
+		}
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	})
+	<-p.done
+}
+
+// tail returns the last n lines of the process's log.
+func (p *process) tail(n int) string {
+	b, err := os.ReadFile(p.logPath)
+	if err != nil {
+		return fmt.Sprintf("(log unreadable: %v)", err)
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("storm: free port: %w", err)
+	}
+	defer func() { _ = l.Close() }()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// errExited is the cause when a process exits while being waited for.
+var errExited = errors.New("process exited")
+
+// waitReady polls check every 50 ms until it succeeds, p exits, or ctx
+// ends.
+func waitReady(ctx context.Context, p *process, what string, check func(ctx context.Context) error) error {
+	var last error
+	for {
+		if done, err := p.exited(); done {
+			return fmt.Errorf("storm: %s exited before it was ready (%v): %w", p.name, err, errExited)
+		}
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		last = check(cctx)
+		cancel()
+		if last == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("storm: %s not ready (%s): %w (last: %v)", p.name, what, context.Cause(ctx), last)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// httpOK checks that GET url answers 200.
+func httpOK(client *http.Client, url string) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if err != nil {
+			return err
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("GET %s: %d %s", url, resp.StatusCode, bytes.TrimSpace(body))
+		}
+		return nil
+	}
+}
+
+// redisPing checks that a Redis server answers PING on addr.
+func redisPing(addr string) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = c.Close() }()
+		if dl, ok := ctx.Deadline(); ok {
+			_ = c.SetDeadline(dl)
+		}
+		if _, err := c.Write([]byte("PING\r\n")); err != nil {
+			return err
+		}
+		buf := make([]byte, 64)
+		n, err := c.Read(buf)
+		if err != nil {
+			return err
+		}
+		if !bytes.HasPrefix(buf[:n], []byte("+PONG")) {
+			return fmt.Errorf("redis PING: %q", buf[:n])
+		}
+		return nil
+	}
+}

@@ -1,0 +1,172 @@
+package storm
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// The mock provider's limits and Bulwark's matching key configuration.
+const (
+	// Keys is the number of OpenAI keys on openai/gpt4o-mini.
+	Keys = 4
+	// KeyRPM is each key's requests per minute, at the mock and in the pool.
+	KeyRPM = 120
+	// MockTPM is each key's tokens per minute: far above what the load
+	// needs, so that only RPM limits.
+	MockTPM = 1_000_000
+	// MaxTokens is sent with every request: the mock's answers (about 90
+	// bytes) fit well within it.
+	MaxTokens = 128
+)
+
+// Capacity is what the keys can serve, in requests per second.
+func Capacity() float64 { return Keys * KeyRPM / 60.0 }
+
+// Mode is how a scenario's clients talk to Bulwark.
+type Mode int
+
+const (
+	// Sync: POST /v1/chat/completions and wait for the answer.
+	Sync Mode = iota + 1
+	// Async: POST /v1/requests, then follow GET /v1/requests/{id}/events.
+	Async
+)
+
+// Scenario is one storm: how many requests, how they are sent, what the
+// mock does, and the targets the result must meet.
+type Scenario struct {
+	// Name as printed (S1, S1-slow, S1-slow-async, S2).
+	Name string
+	// Requests in all, Clients sending them concurrently (each waits for
+	// its answer before sending its next).
+	Requests, Clients int
+	Mode              Mode
+	// Latency and Jitter of the mock's answers (uniform in Latency±Jitter).
+	Latency, Jitter time.Duration
+	// Cache turns Bulwark's cache on; scenarios that must not hit it run
+	// with cache: {enabled: false}.
+	Cache bool
+	// HotPrompts > 0: four of every five requests ask one of this many
+	// prompts in turn; the fifth asks a prompt of its own. 0: every request
+	// asks its own prompt.
+	HotPrompts int
+	// CriticalEvery > 0 (async): every CriticalEvery-th request is
+	// critical, the others low. 0: every request is normal.
+	CriticalEvery int
+	// FailPrimary: the mock answers 429 to every call on the asked route's
+	// provider (OpenAI), and Claude keys of the same capacity back the
+	// fallback route: the traffic must move there at their full capacity.
+	FailPrimary bool
+	// Limit is the hard time limit of the load: at Limit after the first
+	// send the clients are cancelled and the result says what arrived.
+	Limit time.Duration
+	// Targets the result must meet (Result.Misses).
+	Targets Targets
+}
+
+// Targets are a scenario's pass marks; zero fields are not checked.
+type Targets struct {
+	// AllAnswered: every request answered correctly.
+	AllAnswered bool
+	// MinGoodput as a share of the keys' capacity.
+	MinGoodput float64
+	// MaxCallsPerRequest: provider calls (including 429s) per request sent.
+	MaxCallsPerRequest float64
+	// NoBreakerOpenings: no breaker opened during the run, but for
+	// MustOpen.
+	NoBreakerOpenings bool
+	// MustOpen names a breaker that must open (the route the provider
+	// refuses).
+	MustOpen string
+	// CallsEqualDistinct: provider calls equal the distinct prompts
+	// (every repeated prompt answered by the cache or coalesced).
+	CallsEqualDistinct bool
+	// MaxCriticalP99 bounds the p99 wait of CRITICAL requests from submit
+	// to their started event.
+	MaxCriticalP99 time.Duration
+}
+
+// AutoLimit is the default hard time limit for n requests: the time the
+// keys need to serve them at capacity (when every request is a provider
+// call), plus 12 s for start-up ramp and the slowest answers. A run cut
+// at this limit has already missed a 95 % goodput target, so the limit
+// hides nothing, and four scenarios of 400 stay within five minutes.
+func AutoLimit(n int) time.Duration {
+	return time.Duration(float64(n)/Capacity()*float64(time.Second)) + 12*time.Second
+}
+
+// ScenarioNames lists the scenarios in the order the command runs them.
+var ScenarioNames = []string{"S1", "S1-slow", "S1-slow-async", "S2", "S1-fallback"}
+
+// NewScenario returns the named scenario for n requests from clients
+// clients; limit 0 means AutoLimit(n).
+func NewScenario(name string, n, clients int, limit time.Duration) (Scenario, error) {
+	if n <= 0 || clients <= 0 {
+		return Scenario{}, fmt.Errorf("storm: scenario %s: requests and clients must be > 0, got %d and %d", name, n, clients)
+	}
+	if limit <= 0 {
+		limit = AutoLimit(n)
+	}
+	paced := Targets{AllAnswered: true, MinGoodput: 0.95, MaxCallsPerRequest: 1.02, NoBreakerOpenings: true}
+	s := Scenario{Name: name, Requests: n, Clients: clients, Mode: Sync, Limit: limit, Targets: paced}
+	fast := func() { s.Latency, s.Jitter = 200*time.Millisecond, 100*time.Millisecond }
+	slow := func() { s.Latency, s.Jitter = 1500*time.Millisecond, 500*time.Millisecond }
+	switch name {
+	case "S1":
+		fast()
+	case "S1-slow":
+		slow()
+	case "S1-slow-async":
+		slow()
+		s.Mode = Async
+		s.CriticalEvery = 20
+		s.Targets.MaxCriticalP99 = 2100 * time.Millisecond
+	case "S1-fallback":
+		fast()
+		s.FailPrimary = true
+		// The refused route's breaker opens after three 429s and probes
+		// once a minute: a few calls beyond one per request.
+		s.Targets.MustOpen = "openai/gpt4o-mini"
+		s.Targets.MaxCallsPerRequest = 1.05
+	case "S2":
+		fast()
+		s.Cache = true
+		s.HotPrompts = 10
+		s.Targets = Targets{AllAnswered: true, MaxCallsPerRequest: 1.02, NoBreakerOpenings: true, CallsEqualDistinct: true}
+	default:
+		return Scenario{}, fmt.Errorf("storm: unknown scenario %q (want one of %s)", name, strings.Join(ScenarioNames, ", "))
+	}
+	return s, nil
+}
+
+// prompts returns the prompt of every request. Each distinct prompt names a
+// trouble code of its own: the cache's protected-entity guard then never
+// lets one prompt's answer serve another, however alike their embeddings.
+func (s Scenario) prompts() []string {
+	out := make([]string, s.Requests)
+	hot := 0
+	for i := range out {
+		if s.HotPrompts > 0 && i%5 != 4 {
+			k := hot % s.HotPrompts
+			hot++
+			out[i] = fmt.Sprintf("Storm %s hot question %d: dozens of cars report trouble code B%04X after OTA batch %d. What failed?",
+				s.Name, k, k, 40+k)
+			continue
+		}
+		out[i] = fmt.Sprintf("Storm %s request %d: car %d reports trouble code P%04X after OTA batch %d. What failed?",
+			s.Name, i, i, i, i/50)
+	}
+	return out
+}
+
+// priorityOf returns the priority of request i.
+func (s Scenario) priorityOf(i int) string {
+	switch {
+	case s.CriticalEvery <= 0:
+		return "normal"
+	case i%s.CriticalEvery == 0:
+		return "critical"
+	}
+	return "low"
+}

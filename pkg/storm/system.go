@@ -1,0 +1,303 @@
+package storm
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// PGAdminDSNDefault is the `make test` PostgreSQL server's maintenance
+// database, used when BULWARK_TEST_PG is unset.
+const PGAdminDSNDefault = "postgres://postgres@127.0.0.1:15433/postgres?sslmode=disable"
+
+// PGAdminDSN returns $BULWARK_TEST_PG or PGAdminDSNDefault.
+func PGAdminDSN() string {
+	if d := os.Getenv("BULWARK_TEST_PG"); d != "" {
+		return d
+	}
+	return PGAdminDSNDefault
+}
+
+// The tokens of the generated configuration.
+const (
+	tenantToken = "storm-tenant-token"
+	adminToken  = "storm-admin-token"
+)
+
+// readyTimeout bounds the start-up of each process (migrations included).
+const readyTimeout = 60 * time.Second
+
+// Env is what every scenario needs from outside.
+type Env struct {
+	Bins Binaries
+	// PGAdminDSN is a superuser DSN of the PostgreSQL server on which each
+	// scenario creates and drops its database. Default PGAdminDSN().
+	PGAdminDSN string
+	// RedisServer is the redis-server binary. Default: found on PATH.
+	RedisServer string
+	// KeepDir keeps each scenario's temporary folder (config, logs) and
+	// reports it in Result.Dir.
+	KeepDir bool
+}
+
+// system is one scenario's set of processes, Redis and database.
+type system struct {
+	dir      string
+	keepDir  bool
+	procs    []*process // in start order
+	apiURL   string
+	mockURL  string
+	pgAdmin  string
+	database string // created on the PostgreSQL server; "" until then
+
+	// failed is cancelled with the cause when a process exits on its own.
+	failed context.CancelCauseFunc
+	ctx    context.Context
+}
+
+// startSystem starts Redis, the database, the mock, the api and two
+// workers for sc and waits until all are ready. On error everything
+// started is stopped again; the error carries the logs' last lines.
+func startSystem(ctx context.Context, env Env, sc Scenario, client *http.Client) (s *system, err error) {
+	dir, err := os.MkdirTemp("", "bulwark-storm-*")
+	if err != nil {
+		return nil, fmt.Errorf("storm: temp dir: %w", err)
+	}
+	s = &system{dir: dir, keepDir: env.KeepDir, pgAdmin: env.PGAdminDSN}
+	if s.pgAdmin == "" {
+		s.pgAdmin = PGAdminDSN()
+	}
+	s.ctx, s.failed = context.WithCancelCause(context.Background())
+	defer func() {
+		if err != nil {
+			tails := s.tails(40)
+			err = fmt.Errorf("%w\n%s", errors.Join(err, s.close()), tails)
+		}
+	}()
+	onExit := func(name string, perr error) {
+		s.failed(fmt.Errorf("storm: %s exited during the scenario (%v): %w", name, perr, errExited))
+	}
+	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+
+	ports := make([]int, 5) // redis, mock, api, worker 1 metrics, worker 2 metrics
+	for i := range ports {
+		if ports[i], err = freePort(); err != nil {
+			return s, err
+		}
+	}
+	redisAddr := "127.0.0.1:" + strconv.Itoa(ports[0])
+	s.mockURL = "http://127.0.0.1:" + strconv.Itoa(ports[1])
+	s.apiURL = "http://127.0.0.1:" + strconv.Itoa(ports[2])
+
+	redisBin := env.RedisServer
+	if redisBin == "" {
+		if redisBin, err = exec.LookPath("redis-server"); err != nil {
+			return s, fmt.Errorf("storm: redis-server not on PATH (scripts/deps.sh installs it): %w", err)
+		}
+	}
+	rp, err := startProcess("redis", dir, redisBin, []string{"--port", strconv.Itoa(ports[0]), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", dir}, os.Environ(), onExit)
+	if err != nil {
+		return s, err
+	}
+	s.procs = append(s.procs, rp)
+
+	if err := s.createDatabase(rctx); err != nil {
+		return s, err
+	}
+
+	mockArgs := []string{"-addr", "127.0.0.1:" + strconv.Itoa(ports[1]), "-rpm", strconv.Itoa(KeyRPM),
+		"-tpm", strconv.Itoa(MockTPM), "-latency", sc.Latency.String(), "-jitter", sc.Jitter.String()}
+	if env.Bins.MockWindow {
+		mockArgs = append(mockArgs, "-window", "1s")
+	}
+	mp, err := startProcess("mock", dir, env.Bins.Mock, mockArgs, os.Environ(), onExit)
+	if err != nil {
+		return s, err
+	}
+	s.procs = append(s.procs, mp)
+
+	cfgPath := filepath.Join(dir, "config.yaml")
+	doc := configYAML(sc, ports[2], redisAddr, s.databaseDSN(), s.mockURL)
+	if err := os.WriteFile(cfgPath, []byte(doc), 0o600); err != nil {
+		return s, fmt.Errorf("storm: write config: %w", err)
+	}
+	baseEnv := append(os.Environ(), "BULWARK_CONFIG="+cfgPath)
+	ap, err := startProcess("api", dir, env.Bins.API, nil, baseEnv, onExit)
+	if err != nil {
+		return s, err
+	}
+	s.procs = append(s.procs, ap)
+	var workers []*process
+	for i := range 2 {
+		we := append(append([]string{}, baseEnv...), "BULWARK_STORM_METRICS_LISTEN=127.0.0.1:"+strconv.Itoa(ports[3+i]))
+		wp, err := startProcess(fmt.Sprintf("worker-%d", i+1), dir, env.Bins.Worker, nil, we, onExit)
+		if err != nil {
+			return s, err
+		}
+		s.procs = append(s.procs, wp)
+		workers = append(workers, wp)
+	}
+
+	if err := waitReady(rctx, rp, "PING "+redisAddr, redisPing(redisAddr)); err != nil {
+		return s, err
+	}
+	if err := waitReady(rctx, mp, "GET /mock/stats", httpOK(client, s.mockURL+"/mock/stats")); err != nil {
+		return s, err
+	}
+	if err := waitReady(rctx, ap, "GET /readyz", httpOK(client, s.apiURL+"/readyz")); err != nil {
+		return s, err
+	}
+	for i, wp := range workers {
+		u := "http://127.0.0.1:" + strconv.Itoa(ports[3+i]) + "/metrics"
+		if err := waitReady(rctx, wp, "GET "+u, httpOK(client, u)); err != nil {
+			return s, err
+		}
+	}
+	return s, nil
+}
+
+// configYAML is the configuration every api and worker process of a
+// scenario loads. Each worker's metrics address comes from its own
+// environment (the api leaves it off).
+func configYAML(sc Scenario, apiPort int, redisAddr, dsn, mockURL string) string {
+	var keys strings.Builder
+	for i := range Keys {
+		fmt.Fprintf(&keys, "  - {id: openai-mini-%d, provider: openai, model_tier: gpt4o-mini, api_key: \"storm-openai-key-%d\", rpm_limit: %d, tpm_limit: %d}\n",
+			i+1, i+1, KeyRPM, MockTPM)
+	}
+	if sc.FailPrimary {
+		for i := range Keys {
+			fmt.Fprintf(&keys, "  - {id: claude-haiku-%d, provider: claude, model_tier: haiku, api_key: \"storm-claude-key-%d\", rpm_limit: %d, tpm_limit: %d}\n",
+				i+1, i+1, KeyRPM, MockTPM)
+		}
+	}
+	cache := "cache: {enabled: false}"
+	if sc.Cache {
+		cache = "cache: {enabled: true}"
+	}
+	// Shutdown timeouts below the 10 s between SIGTERM and SIGKILL, so a
+	// scenario cut at its limit still stops cleanly.
+	return fmt.Sprintf(`# Generated by pkg/storm for scenario %s.
+server: {listen: "127.0.0.1:%d", admin_token: %q, shutdown_timeout: 3s}
+redis: {addr: %q}
+postgres: {dsn: %q, max_conns: 8}
+worker: {metrics_listen: "${BULWARK_STORM_METRICS_LISTEN:-off}", shutdown_timeout: 5s}
+log: {format: json, level: info}
+providers:
+  claude: {base_url: %q, timeout: 30s, tiers: {haiku: claude-haiku-4-5, sonnet: claude-sonnet-4-5}}
+  openai: {base_url: %q, timeout: 30s, tiers: {gpt4o-mini: gpt-4o-mini, gpt4o: gpt-4o}}
+# The fallback routes exist; Claude keys back them only in S1-fallback,
+# where OpenAI refuses every call.
+fallback:
+  claude/haiku: openai/gpt4o-mini
+  claude/sonnet: openai/gpt4o
+  openai/gpt4o-mini: claude/haiku
+  openai/gpt4o: claude/sonnet
+models: {gpt-4o-mini: openai/gpt4o-mini}
+keys:
+%s%s
+tenants:
+  - {name: storm, token: %q, max_priority: critical}
+`, sc.Name, apiPort, adminToken, redisAddr, dsn, mockURL, mockURL, keys.String(), cache, tenantToken)
+}
+
+// createDatabase creates storm_<random> on the PostgreSQL server.
+func (s *system) createDatabase(ctx context.Context) error {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	name := "storm_" + hex.EncodeToString(b[:])
+	conn, err := pgx.Connect(ctx, s.pgAdmin)
+	if err != nil {
+		return fmt.Errorf("storm: connect to PostgreSQL (BULWARK_TEST_PG; `make test` or scripts/test.sh starts it): %w", err)
+	}
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		return fmt.Errorf("storm: create database %s: %w", name, err)
+	}
+	s.database = name
+	// Nothing else: the processes must start on an empty database, as a
+	// new operator's would (the migrations create the pgvector extension).
+	return nil
+}
+
+// databaseDSN is the admin DSN pointed at the scenario's database.
+func (s *system) databaseDSN() string {
+	u, err := url.Parse(s.pgAdmin)
+	if err != nil {
+		return s.pgAdmin // checked by createDatabase already
+	}
+	u.Path = "/" + s.database
+	return u.String()
+}
+
+// dropDatabase drops the scenario's database, whoever is still connected.
+func (s *system) dropDatabase() error {
+	if s.database == "" {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, s.pgAdmin)
+	if err != nil {
+		return fmt.Errorf("storm: drop database %s: %w", s.database, err)
+	}
+	defer func() { _ = conn.Close(ctx) }()
+	if _, err := conn.Exec(ctx, "DROP DATABASE IF EXISTS "+s.database+" WITH (FORCE)"); err != nil {
+		return fmt.Errorf("storm: drop database %s: %w", s.database, err)
+	}
+	s.database = ""
+	return nil
+}
+
+// close stops every process — the api and workers together (the load is
+// over), then the mock, then Redis — drops the database and removes the
+// temporary folder unless it is kept. Safe to call twice.
+func (s *system) close() error {
+	var apps, infra []*process
+	for _, p := range s.procs {
+		if p.name == "redis" || p.name == "mock" {
+			infra = append(infra, p)
+		} else {
+			apps = append(apps, p)
+		}
+	}
+	var wg sync.WaitGroup
+	for _, p := range apps {
+		wg.Go(p.stop)
+	}
+	wg.Wait()
+	for i := len(infra) - 1; i >= 0; i-- {
+		infra[i].stop()
+	}
+	s.failed(errors.New("storm: system closed"))
+	err := s.dropDatabase()
+	if !s.keepDir {
+		_ = os.RemoveAll(s.dir)
+	}
+	return err
+}
+
+// tails returns the last n lines of every process's log, headed by its
+// name.
+func (s *system) tails(n int) string {
+	var b strings.Builder
+	for _, p := range s.procs {
+		fmt.Fprintf(&b, "----- %s (%s), last %d lines -----\n%s\n", p.name, p.logPath, n, p.tail(n))
+	}
+	return b.String()
+}
