@@ -248,12 +248,11 @@ func (s *Server) await(ctx context.Context, a *intake.Accepted) (*job.Record, er
 
 // retryHint is when a still-queued request is likely done.
 func (s *Server) retryHint(ctx context.Context, id string) time.Duration {
-	pos, err := s.d.Queue.Position(ctx, id)
-	if err != nil || pos == 0 {
+	sp, err := s.d.Queue.SpotOf(ctx, id)
+	if err != nil || sp.Position == 0 {
 		return time.Second
 	}
-	eta, _ := s.d.Queue.ETA(ctx, pos)
-	return eta
+	return sp.ETA
 }
 
 func (s *Server) compatAnswer(c *gin.Context, d dialect, rec *job.Record, model string, streaming bool, opts []openai.StreamOption) {

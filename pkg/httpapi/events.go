@@ -80,9 +80,8 @@ func (s *Server) events(c *gin.Context) {
 		return
 	}
 	if rec.Status == job.StatusQueued {
-		if pos, err := s.d.Queue.Position(ctx, follow); err == nil && pos > 0 {
-			eta, _ := s.d.Queue.ETA(ctx, pos)
-			write(progress.QueuedEvent(own.Job.ID, pos, eta, lang))
+		if sp, err := s.d.Queue.SpotOf(ctx, follow); err == nil && sp.Position > 0 {
+			write(progress.QueuedEvent(own.Job.ID, sp.Position, sp.ETA, lang))
 		}
 	}
 	keep := time.NewTicker(s.cfg.KeepAlive)

@@ -248,10 +248,9 @@ func (s *Server) get(c *gin.Context) {
 		v.RetryAt = &rec.State.RetryAt
 	}
 	if rec.Status == job.StatusQueued {
-		if pos, err := s.d.Queue.Position(c.Request.Context(), rec.Job.ID); err == nil && pos > 0 {
-			eta, _ := s.d.Queue.ETA(c.Request.Context(), pos)
-			secs, ms := progress.WaitSeconds(eta), eta.Milliseconds()
-			v.QueuePosition, v.EstimatedWaitSeconds, v.EstimatedWaitMS = pos, &secs, &ms
+		if sp, err := s.d.Queue.SpotOf(c.Request.Context(), rec.Job.ID); err == nil && sp.Position > 0 {
+			secs, ms := progress.WaitSeconds(sp.ETA), sp.ETA.Milliseconds()
+			v.QueuePosition, v.EstimatedWaitSeconds, v.EstimatedWaitMS = sp.Position, &secs, &ms
 		}
 	}
 	c.JSON(http.StatusOK, v)

@@ -25,6 +25,7 @@ import (
 	"bulwark/pkg/llm"
 	"bulwark/pkg/priority"
 	"bulwark/pkg/progress"
+	"bulwark/pkg/queue"
 	"bulwark/pkg/secret"
 )
 
@@ -37,8 +38,7 @@ type Jobs interface {
 
 // Queue is what the API needs of the queues.
 type Queue interface {
-	Position(ctx context.Context, id string) (int, error)
-	ETA(ctx context.Context, position int) (time.Duration, error)
+	SpotOf(ctx context.Context, id string) (queue.Spot, error)
 	Cancel(ctx context.Context, id string, p priority.Priority) (bool, error)
 }
 

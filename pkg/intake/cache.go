@@ -30,13 +30,6 @@ func (in *Intake) fromCache(ctx context.Context, j *job.Job, s Submission) (*Acc
 		return nil, false
 	}
 	in.metrics.CacheLookups.WithLabelValues(layer, hit.Kind).Inc()
-	now := time.Now()
-	route := hit.Route
-	if route.Provider == "" {
-		route = j.Route
-	}
-	st := job.State{Cached: hit.Kind, Similarity: hit.Similarity, CacheAge: hit.Age, Result: hit.Response,
-		ServedRoute: &route, StartedAt: now, FinishedAt: now}
 	id, created, err := in.jobs.Create(ctx, j, job.Event{Type: job.EventQueued}, s.IdempotencyKey)
 	if err != nil {
 		return nil, false
@@ -45,18 +38,55 @@ func (in *Intake) fromCache(ctx context.Context, j *job.Job, s Submission) (*Acc
 		a, err := in.existing(ctx, id, s.Lang)
 		return a, err == nil
 	}
+	a, err := in.completeFromHit(ctx, j, hit)
+	return a, err == nil
+}
+
+// completeFromHit ends the stored job j with the cache's answer.
+func (in *Intake) completeFromHit(ctx context.Context, j *job.Job, hit Hit) (*Accepted, error) {
+	now := time.Now()
+	route := hit.Route
+	if route.Provider == "" {
+		route = j.Route
+	}
+	st := job.State{Cached: hit.Kind, Similarity: hit.Similarity, CacheAge: hit.Age, Result: hit.Response,
+		ServedRoute: &route, StartedAt: now, FinishedAt: now}
 	res := job.ResultOf(st)
-	if _, err := in.jobs.Apply(ctx, id, job.Change{Status: job.StatusCompleted, State: &st,
+	if _, err := in.jobs.Apply(ctx, j.ID, job.Change{Status: job.StatusCompleted, State: &st,
 		Event: &job.Event{Type: job.EventCompleted, Provider: route.Provider, Tier: route.Tier, Result: res}}); err != nil {
-		return nil, false
+		return nil, err
 	}
 	if in.history != nil {
 		in.history.Submitted(ctx, j, job.StatusCompleted, hit.Kind)
 	}
 	in.metrics.Requests.WithLabelValues(j.Priority.String(), metrics.StatusCompleted).Inc()
 	in.metrics.RequestDuration.WithLabelValues(j.Priority.String(), metrics.CachedTrue).Observe(time.Since(j.CreatedAt).Seconds())
-	return &Accepted{ID: id, Status: job.StatusCompleted, Priority: j.Priority, Cached: hit.Kind,
-		Similarity: hit.Similarity, CacheAge: hit.Age, Result: res}, true
+	return &Accepted{ID: j.ID, Status: job.StatusCompleted, Priority: j.Priority, Cached: hit.Kind,
+		Similarity: hit.Similarity, CacheAge: hit.Age, Result: res}, nil
+}
+
+// answeredMeanwhile closes the race between a cache miss and winning the
+// coalescing claim: an identical request that finished in between stored
+// its answer before it released its claim, so the leader looks once more
+// and, on a hit, ends j with it (and releases the claim) instead of calling
+// the provider again.
+func (in *Intake) answeredMeanwhile(ctx context.Context, j *job.Job) (*Accepted, bool) {
+	if in.cache == nil || !in.cfg.CacheEnabled || j.CacheKey == "" || !j.CacheRead || in.coalescer == nil {
+		return nil, false
+	}
+	hit, err := in.cache.Lookup(ctx, j)
+	if err != nil || (hit.Kind != "exact" && hit.Kind != "semantic") {
+		return nil, false
+	}
+	a, err := in.completeFromHit(ctx, j, hit)
+	if err != nil {
+		return nil, false
+	}
+	in.metrics.CacheLookups.WithLabelValues(j.Layer, hit.Kind).Inc()
+	if err := in.coalescer.Release(ctx, j.CacheKey, j.ID); err != nil {
+		in.logger.Warn("intake: release coalescing claim", "request_id", j.ID, "err", err)
+	}
+	return a, true
 }
 
 // coalesce attaches the stored job j to an identical request in flight,
@@ -102,10 +132,9 @@ func (in *Intake) coalesce(ctx context.Context, j *job.Job, s Submission) (*Acce
 	}
 	a := &Accepted{ID: j.ID, Status: lrec.Status, Priority: j.Priority, CoalescedInto: leader}
 	if lrec.Status == job.StatusQueued {
-		pos, _ := in.queue.Position(ctx, leader)
-		a.Position = max(pos, 1)
-		a.ETA, _ = in.queue.ETA(ctx, a.Position)
-		a.Message = progress.QueuedMessage(s.Lang, a.Position, int(a.ETA.Seconds()))
+		sp, _ := in.queue.SpotOf(ctx, leader)
+		a.Position, a.ETA = max(sp.Position, 1), sp.ETA
+		a.Message = progress.QueuedMessage(s.Lang, a.Position, progress.WaitSeconds(a.ETA))
 	}
 	return a, true, nil
 }

@@ -77,8 +77,7 @@ type Accepted struct {
 type Queue interface {
 	Admit(ctx context.Context) error
 	Enqueue(ctx context.Context, id string, p priority.Priority, delay time.Duration) error
-	Position(ctx context.Context, id string) (int, error)
-	ETA(ctx context.Context, position int) (time.Duration, error)
+	SpotOf(ctx context.Context, id string) (queue.Spot, error)
 }
 
 // Jobs is the live request store.
@@ -120,6 +119,8 @@ type Hit struct {
 type Coalescer interface {
 	// Claim makes id the leader of key, or returns the current leader.
 	Claim(ctx context.Context, key, id string, ttl time.Duration) (leader string, err error)
+	// Release ends id's claim of key (a no-op when another holds it).
+	Release(ctx context.Context, key, id string) error
 }
 
 // RateLimiter bounds a tenant's submissions.
@@ -235,6 +236,9 @@ func (in *Intake) Submit(ctx context.Context, t Tenant, s Submission) (*Accepted
 	if a, ok, err := in.coalesce(ctx, j, s); err != nil || ok {
 		return a, err
 	}
+	if a, ok := in.answeredMeanwhile(ctx, j); ok {
+		return a, nil
+	}
 	return in.enqueue(ctx, j, s)
 }
 
@@ -257,20 +261,16 @@ func (in *Intake) enqueue(ctx context.Context, j *job.Job, s Submission) (*Accep
 }
 
 func (in *Intake) position(ctx context.Context, a *Accepted, lang string) {
-	pos, err := in.queue.Position(ctx, a.ID)
+	sp, err := in.queue.SpotOf(ctx, a.ID)
 	if err != nil {
 		in.logger.Warn("intake: queue position", "request_id", a.ID, "err", err)
 		return
 	}
-	if pos == 0 {
-		pos = 1 // already taken by a worker
+	if sp.Position == 0 {
+		sp.Position = 1 // already taken by a worker
 	}
-	eta, err := in.queue.ETA(ctx, pos)
-	if err != nil {
-		in.logger.Warn("intake: eta", "request_id", a.ID, "err", err)
-	}
-	a.Position, a.ETA = pos, eta
-	a.Message = progress.QueuedMessage(lang, pos, progress.WaitSeconds(eta))
+	a.Position, a.ETA = sp.Position, sp.ETA
+	a.Message = progress.QueuedMessage(lang, sp.Position, progress.WaitSeconds(sp.ETA))
 }
 
 // degraded marks the answer service_degraded when the "all" breaker, or the

@@ -36,11 +36,9 @@ const (
 	bufferSize       = 64
 )
 
-// Positioner reads queue positions and the ETA of a position.
+// Positioner reads the queued requests' positions and ETAs.
 type Positioner interface {
-	Positions(ctx context.Context) (map[string]int, error)
-	// Rate is the measured drain rate in requests per second.
-	Rate(ctx context.Context) (float64, error)
+	Spots(ctx context.Context) (map[string]queue.Spot, error)
 	DequeuedChannel() string
 }
 
@@ -232,32 +230,27 @@ func (h *Hub) updatePositions(ctx context.Context) {
 	if n == 0 {
 		return
 	}
-	pos, err := h.pos.Positions(ctx)
+	spots, err := h.pos.Spots(ctx)
 	if err != nil {
 		h.logger.Warn("progress: read positions", "err", err)
-		return
-	}
-	rate, err := h.pos.Rate(ctx)
-	if err != nil {
-		h.logger.Warn("progress: read drain rate", "err", err)
 		return
 	}
 	now := time.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for id, m := range h.subs {
-		p, ok := pos[id]
+		sp, ok := spots[id]
 		if !ok {
 			continue
 		}
 		for s := range m {
-			if p == s.lastPos && now.Sub(s.lastSent) < h.cfg.KeepAlive {
+			if sp.Position == s.lastPos && now.Sub(s.lastSent) < h.cfg.KeepAlive {
 				continue
 			}
-			ev := QueuedEvent(id, p, queue.ETAFor(p, rate), s.Lang)
+			ev := QueuedEvent(id, sp.Position, sp.ETA, s.Lang)
 			select {
 			case s.C <- ev:
-				s.lastPos, s.lastSent = p, now
+				s.lastPos, s.lastSent = sp.Position, now
 			default:
 			}
 		}

@@ -320,17 +320,9 @@ func rateOf(n int64, span time.Duration, capacity float64) float64 {
 	return r
 }
 
-// ETA returns the expected wait of the request at position n.
-func (q *Queue) ETA(ctx context.Context, n int) (time.Duration, error) {
-	rate, err := q.Rate(ctx)
-	if err != nil {
-		return 0, err
-	}
-	return ETAFor(n, rate), nil
-}
-
-// ETAFor is the expected wait at position n when requests drain at rate
-// per second, to the millisecond.
+// ETAFor is the expected wait of the request whose turn is n (1: the next
+// slot that frees is its) when requests drain at rate per second, to the
+// millisecond.
 func ETAFor(n int, rate float64) time.Duration {
 	if n <= 0 || rate <= 0 {
 		return 0
@@ -338,12 +330,20 @@ func ETAFor(n int, rate float64) time.Duration {
 	return time.Duration(math.Round(float64(n)/rate*1000)) * time.Millisecond
 }
 
-// Positions returns the 1-based place in line of every queued request,
-// keyed by id: the requests that will start before it, itself included,
-// less the slots its priority could take at once (so the first requests
-// of a storm, which start at once, are not told to wait behind each
-// other).
-func (q *Queue) Positions(ctx context.Context) (map[string]int, error) {
+// Spot is a queued request's place: Position counts the requests that
+// start before it, itself included (1-based); ETA is its expected wait.
+type Spot struct {
+	Position int
+	ETA      time.Duration
+}
+
+// Spots returns the spot of every queued request, keyed by id: those
+// waiting for a slot first (they left asynq earlier), then the pending
+// ones, most urgent priority first. The ETA counts the request's turn, its
+// position less the slots its priority could take at once (the first
+// requests of a storm start at once rather than behind each other), at the
+// drain rate.
+func (q *Queue) Spots(ctx context.Context) (map[string]Spot, error) {
 	pipe := q.rdb.Pipeline()
 	lists := map[priority.Priority]*redis.StringSliceCmd{}
 	for _, p := range priority.All {
@@ -360,24 +360,35 @@ func (q *Queue) Positions(ctx context.Context) (map[string]int, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := map[string]int{}
+	rate, err := q.Rate(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]Spot{}
 	ahead := 0 // requests before the current one
 	for _, p := range priority.All {
-		// A request that a free slot will take at once does not wait
-		// behind the others: its place in line is after those slots.
-		place := func(n int) int { return max(1, n-free[p]) }
+		spot := func(n int) Spot { return Spot{Position: n, ETA: ETAFor(max(1, n-free[p]), rate)} }
 		for _, id := range waiting[p] {
 			ahead++
-			out[id] = place(ahead)
+			out[id] = spot(ahead)
 		}
 		ids := lists[p].Val() // newest first
 		n := len(ids)
 		for i, id := range ids {
-			out[id] = place(ahead + (n - i))
+			out[id] = spot(ahead + (n - i))
 		}
 		ahead += n
 	}
 	return out, nil
+}
+
+// SpotOf returns one request's spot; a zero Spot when it is not queued.
+func (q *Queue) SpotOf(ctx context.Context, id string) (Spot, error) {
+	spots, err := q.Spots(ctx)
+	if err != nil {
+		return Spot{}, err
+	}
+	return spots[id], nil
 }
 
 // Pending returns the ids of p's pending requests, oldest first.
@@ -388,15 +399,6 @@ func (q *Queue) Pending(ctx context.Context, p priority.Priority) ([]string, err
 	}
 	slices.Reverse(ids)
 	return ids, nil
-}
-
-// Position returns one request's position, or 0 when it is not pending.
-func (q *Queue) Position(ctx context.Context, id string) (int, error) {
-	pos, err := q.Positions(ctx)
-	if err != nil {
-		return 0, err
-	}
-	return pos[id], nil
 }
 
 // Cancel removes a waiting request from its queue, or asks the worker

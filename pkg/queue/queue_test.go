@@ -41,14 +41,14 @@ func TestPositionsAndAdmission(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	pos, err := q.Positions(ctx)
+	spots, err := q.Spots(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]int{"c1": 1, "n1": 2, "n2": 3, "l1": 4}
 	for id, w := range want {
-		if pos[id] != w {
-			t.Errorf("position of %s = %d, want %d (all: %v)", id, pos[id], w, pos)
+		if spots[id].Position != w {
+			t.Errorf("position of %s = %d, want %d (all: %v)", id, spots[id].Position, w, spots)
 		}
 	}
 	if err := q.Admit(ctx); err != nil {
@@ -70,8 +70,8 @@ func TestPositionsAndAdmission(t *testing.T) {
 	if found, err := q.Cancel(ctx, "n1", priority.Normal); err != nil || !found {
 		t.Fatalf("cancel: %v %v", found, err)
 	}
-	if p, _ := q.Position(ctx, "n2"); p != 2 {
-		t.Fatalf("n2 after n1 left: %d", p)
+	if sp, _ := q.SpotOf(ctx, "n2"); sp.Position != 2 {
+		t.Fatalf("n2 after n1 left: %d", sp.Position)
 	}
 }
 
@@ -102,16 +102,23 @@ func TestSlotWaitersAreQueued(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	pos, err := q.Positions(ctx)
+	spots, err := q.Spots(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// l1 is sixth, but three slots LOW could take are free.
-	want := map[string]int{"wc1": 1, "c1": 2, "wn1": 3, "wn2": 4, "n1": 5, "l1": 3}
+	want := map[string]int{"wc1": 1, "c1": 2, "wn1": 3, "wn2": 4, "n1": 5, "l1": 6}
 	for id, p := range want {
-		if pos[id] != p {
-			t.Errorf("position of %s = %d, want %d (all: %v)", id, pos[id], p, pos)
+		if spots[id].Position != p {
+			t.Errorf("position of %s = %d, want %d (all: %v)", id, spots[id].Position, p, spots)
 		}
+	}
+	// l1 is sixth, but three slots LOW could take are free: its turn is
+	// third, at the fallback rate of 1/s.
+	if got := spots["l1"].ETA; got != 3*time.Second {
+		t.Errorf("ETA of l1 = %s, want 3s (turn 3 at 1/s)", got)
+	}
+	if got := spots["n1"].ETA; got != 5*time.Second {
+		t.Errorf("ETA of n1 = %s, want 5s (no free NORMAL slot)", got)
 	}
 	if err := q.Admit(ctx); !errors.Is(err, queue.ErrQueueFull) {
 		t.Fatalf("6 waiting of 6: Admit = %v, want queue full", err)

@@ -144,21 +144,17 @@ func (c coalescer) Claim(ctx context.Context, key, id string, ttl time.Duration)
 	return leader, nil
 }
 
-// releaseScript ends KEYS[1]'s claim only if it still names ARGV[1]: at
-// once (ARGV[2] = 0), or after ARGV[2] ms.
+// releaseScript deletes KEYS[1] only if it still names ARGV[1].
 var releaseScript = redis.NewScript(`
-if redis.call("GET", KEYS[1]) ~= ARGV[1] then return 0 end
-if tonumber(ARGV[2]) > 0 then return redis.call("PEXPIRE", KEYS[1], ARGV[2]) end
-return redis.call("DEL", KEYS[1])`)
+if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("DEL", KEYS[1]) end
+return 0`)
 
-// completedClaimGrace keeps a completed leader's claim a little longer: an
-// identical request whose cache lookup ran just before the answer was
-// stored, and whose claim comes just after the leader finished, then finds
-// the completed leader and takes its answer instead of calling again.
-const completedClaimGrace = 10 * time.Second
-
-func (c coalescer) release(ctx context.Context, key, id string, keep time.Duration) error {
-	return releaseScript.Run(ctx, c.rdb, []string{c.key(key)}, id, keep.Milliseconds()).Err()
+// Release implements intake.Coalescer.
+func (c coalescer) Release(ctx context.Context, key, id string) error {
+	if err := releaseScript.Run(ctx, c.rdb, []string{c.key(key)}, id).Err(); err != nil {
+		return fmt.Errorf("coalesce: release: %w", err)
+	}
+	return nil
 }
 
 // finisher runs after a request ends: history, then the coalescing
@@ -176,11 +172,7 @@ func (f finisher) Finished(ctx context.Context, rec *job.Record) {
 	}
 	f.b.History.Finished(ctx, rec, cost)
 	if rec.Job.CacheKey != "" {
-		keep := time.Duration(0)
-		if rec.Status == job.StatusCompleted {
-			keep = completedClaimGrace
-		}
-		if err := f.co.release(ctx, rec.Job.CacheKey, rec.Job.ID, keep); err != nil {
+		if err := f.co.Release(ctx, rec.Job.CacheKey, rec.Job.ID); err != nil {
 			f.b.Logger.Warn("coalesce: release", "request_id", rec.Job.ID, "err", err)
 		}
 	}

@@ -196,6 +196,17 @@ func (r *Result) summarise(outcomes []outcome, prompts []string) {
 		if o.critical && !o.startedAt.IsZero() {
 			critical = append(critical, o.startedAt.Sub(o.sentAt))
 		}
+	}
+	// Estimates made before any call finished know no call latency: the
+	// first wave of a cold start is reported apart ("warm" excludes it).
+	var firstDone time.Time
+	for _, o := range outcomes {
+		if o.ok && (firstDone.IsZero() || o.doneAt.Before(firstDone)) {
+			firstDone = o.doneAt
+		}
+	}
+	var etaWarm []float64
+	for _, o := range outcomes {
 		for _, e := range o.estimates {
 			if !e.resolved {
 				continue
@@ -204,6 +215,9 @@ func (r *Result) summarise(outcomes []outcome, prompts []string) {
 			etaAll = append(etaAll, err)
 			if e.first {
 				etaFirst = append(etaFirst, err)
+				if !firstDone.IsZero() && e.at.After(firstDone) {
+					etaWarm = append(etaWarm, err)
+				}
 			}
 		}
 	}
@@ -222,7 +236,7 @@ func (r *Result) summarise(outcomes []outcome, prompts []string) {
 	}
 	r.CriticalWaits = len(critical)
 	r.CriticalP99 = percentile(critical, 0.99)
-	r.ETA, r.ETAFirst = errorStats(etaAll), errorStats(etaFirst)
+	r.ETA, r.ETAFirst, r.ETAFirstWarm = errorStats(etaAll), errorStats(etaFirst), errorStats(etaWarm)
 }
 
 // reasonWrong marks an answer that is not mockprovider.Reply(prompt).

@@ -59,6 +59,10 @@ type Result struct {
 	// ETA is the error of every queue estimate a client received, ETAFirst
 	// of the first estimate of each request alone (see the package doc).
 	ETA, ETAFirst ErrorStats
+	// ETAFirstWarm is ETAFirst of the requests submitted after the first
+	// answer: a cold start's first wave is estimated before any call
+	// latency is known.
+	ETAFirstWarm ErrorStats
 	// Cut reports that the hard time limit ended the load.
 	Cut   bool
 	Limit time.Duration
@@ -117,8 +121,10 @@ func (r Result) String() string {
 		fmt.Fprintf(&b, " served={%s} prompts_called_twice=%d", countsText(r.Served), r.PromptsCalledTwice)
 	}
 	if r.async {
-		fmt.Fprintf(&b, " crit_p99_wait=%s(n=%d) eta_err_p50=%.2f eta_err_p95=%.2f(n=%d) first_eta_err_p50=%.2f first_eta_err_p95=%.2f(n=%d)",
-			sec(r.CriticalP99), r.CriticalWaits, r.ETA.P50, r.ETA.P95, r.ETA.N, r.ETAFirst.P50, r.ETAFirst.P95, r.ETAFirst.N)
+		fmt.Fprintf(&b, " crit_p99_wait=%s(n=%d) eta_err_p50=%.2f eta_err_p95=%.2f(n=%d) first_eta_err_p50=%.2f first_eta_err_p95=%.2f(n=%d)"+
+			" warm_first_eta_err_p50=%.2f warm_first_eta_err_p95=%.2f(n=%d)",
+			sec(r.CriticalP99), r.CriticalWaits, r.ETA.P50, r.ETA.P95, r.ETA.N, r.ETAFirst.P50, r.ETAFirst.P95, r.ETAFirst.N,
+			r.ETAFirstWarm.P50, r.ETAFirstWarm.P95, r.ETAFirstWarm.N)
 	}
 	if lost := r.lostText(); lost != "" {
 		fmt.Fprintf(&b, " lost={%s}", lost)
@@ -181,6 +187,17 @@ func (r Result) Misses(t Targets) []string {
 			out = append(out, "no CRITICAL request reached started")
 		case r.CriticalP99 > t.MaxCriticalP99:
 			out = append(out, fmt.Sprintf("CRITICAL p99 wait %s > %s", sec(r.CriticalP99), sec(t.MaxCriticalP99)))
+		}
+	}
+	if t.MaxETAErrP50 > 0 {
+		for _, e := range []struct {
+			what string
+			s    ErrorStats
+		}{{"queue estimates", r.ETA}, {"first estimates (warm)", r.ETAFirstWarm}} {
+			if e.s.N == 0 || e.s.P50 > t.MaxETAErrP50 || e.s.P95 > t.MaxETAErrP95 {
+				out = append(out, fmt.Sprintf("%s off by %.2f at the median, %.2f at p95 (n=%d; want <= %.2f, %.2f)",
+					e.what, e.s.P50, e.s.P95, e.s.N, t.MaxETAErrP50, t.MaxETAErrP95))
+			}
 		}
 	}
 	return out

@@ -85,6 +85,10 @@ type Targets struct {
 	// MaxCriticalP99 bounds the p99 wait of CRITICAL requests from submit
 	// to their started event.
 	MaxCriticalP99 time.Duration
+	// MaxETAErrP50 and MaxETAErrP95 bound the relative error of queue
+	// estimates: every estimate, and each request's first one once a call
+	// latency is known (Result.ETAFirstWarm).
+	MaxETAErrP50, MaxETAErrP95 float64
 }
 
 // AutoLimit is the default hard time limit for n requests: the time the
@@ -122,6 +126,7 @@ func NewScenario(name string, n, clients int, limit time.Duration) (Scenario, er
 		s.Mode = Async
 		s.CriticalEvery = 20
 		s.Targets.MaxCriticalP99 = 2100 * time.Millisecond
+		s.Targets.MaxETAErrP50, s.Targets.MaxETAErrP95 = 0.25, 0.5
 	case "S1-fallback":
 		fast()
 		s.FailPrimary = true

@@ -157,14 +157,16 @@ func TestETAErrorAndPercentile(t *testing.T) {
 func TestMisses(t *testing.T) {
 	t.Parallel()
 	sc, _ := NewScenario("S1-slow-async", 400, 50, 0)
-	ok := Result{Total: 400, Answered: 400, Goodput: 0.97, CallsPerRequest: 1, CriticalWaits: 20, CriticalP99: 2 * time.Second}
+	good := ErrorStats{N: 400, P50: 0.1, P95: 0.4}
+	ok := Result{Total: 400, Answered: 400, Goodput: 0.97, CallsPerRequest: 1, CriticalWaits: 20, CriticalP99: 2 * time.Second,
+		ETA: good, ETAFirstWarm: good}
 	if m := ok.Misses(sc.Targets); len(m) != 0 {
 		t.Errorf("misses of a good result: %v", m)
 	}
 	bad := Result{Total: 400, Answered: 399, Goodput: 0.5, CallsPerRequest: 1.5, BreakerOpenings: 1, OpenedBreakers: []string{"all"},
-		CriticalWaits: 20, CriticalP99: 3 * time.Second}
-	if m := bad.Misses(sc.Targets); len(m) != 5 {
-		t.Errorf("misses of a bad result: %d %v, want 5", len(m), m)
+		CriticalWaits: 20, CriticalP99: 3 * time.Second, ETA: ErrorStats{N: 400, P50: 0.3, P95: 0.4}, ETAFirstWarm: ErrorStats{N: 300, P50: 0.1, P95: 0.9}}
+	if m := bad.Misses(sc.Targets); len(m) != 7 {
+		t.Errorf("misses of a bad result: %d %v, want 7", len(m), m)
 	}
 	s2, _ := NewScenario("S2", 400, 50, 0)
 	if m := (Result{Total: 400, Answered: 400, ProviderCalls: 91, DistinctPrompts: 90, CallsPerRequest: 0.23}).Misses(s2.Targets); len(m) != 1 {
