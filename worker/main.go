@@ -34,10 +34,15 @@ func main() {
 	if err := srv.Start(mux); err != nil {
 		service.Fatal("worker", err)
 	}
+	// The orphan sweep: every accepted request reaches a terminal state.
+	sweeper := b.Sweeper()
+	sweeper.Start(ctx)
 	<-ctx.Done()
-	// Shutdown order: stop taking tasks and wait for running ones
-	// (ShutdownTimeout, unfinished ones go back to the queue), then stop
-	// the metrics server, then close the clients (deferred Close).
+	// Shutdown order: stop the sweep, stop taking tasks and wait for
+	// running ones (ShutdownTimeout, unfinished ones go back to the
+	// queue), then stop the metrics server, then close the clients
+	// (deferred Close).
+	sweeper.Stop()
 	srv.Shutdown()
 	if metricsSrv != nil {
 		_ = metricsSrv.Shutdown(context.Background())

@@ -45,6 +45,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"bulwark/pkg/breaker"
+	"bulwark/pkg/finish"
 	"bulwark/pkg/job"
 	"bulwark/pkg/keypool"
 	"bulwark/pkg/llm"
@@ -84,10 +85,11 @@ type Starts interface {
 	RecordStart(ctx context.Context, id string) error
 }
 
-// Finisher is told about every request that ended: history, cache write,
-// coalescing release. It must not block for long.
+// Finisher ends requests (pkg/finish): the record, history, metrics and
+// claims in one place. An error means nothing was ended; finish.ErrEnded
+// that someone else ended the request first.
 type Finisher interface {
-	Finished(ctx context.Context, rec *job.Record)
+	Finish(ctx context.Context, rec *job.Record, e finish.Ending) error
 }
 
 // Cache stores a final answer. The dispatcher stores before it marks the
@@ -158,7 +160,7 @@ type Dispatcher struct {
 	active map[priority.Priority]int // tasks being worked on, guarded by mu
 }
 
-// Deps are the dispatcher's collaborators. Finisher, Cache and Alerter may be nil.
+// Deps are the dispatcher's collaborators. Cache and Alerter may be nil.
 type Deps struct {
 	Jobs     Jobs
 	Starts   Starts
@@ -270,8 +272,7 @@ func (d *Dispatcher) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		return nil
 	}
 	if time.Now().After(rec.Job.Deadline) {
-		d.fail(ctx, rec, deadlineReason(rec, "before it could start"), log)
-		return nil
+		return d.fail(ctx, rec, job.CodeDeadline, deadlineReason(rec, "before it could start"), log)
 	}
 	return d.run(ctx, rec, t, log)
 }
@@ -314,13 +315,11 @@ func (d *Dispatcher) run(ctx context.Context, rec *job.Record, t *asynq.Task, lo
 		}
 		switch {
 		case out.resp != nil:
-			d.complete(ctx, rec, out, log)
-			return nil
+			return d.complete(ctx, rec, out, log)
 		case ctx.Err() != nil:
 			return nil // cancelled: the API already recorded it, or shutdown re-queues
 		case out.permanent != nil:
-			d.fail(ctx, rec, "provider_error: "+out.permanent.Error(), log)
-			return nil
+			return d.fail(ctx, rec, out.code, string(out.code)+": "+out.permanent.Error(), log)
 		case out.transient != nil && !out.exhausted:
 			return d.retryTransient(ctx, rec, t, out.transient, log)
 		case out.retryAfter > d.cfg.HoldWait:
@@ -329,8 +328,8 @@ func (d *Dispatcher) run(ctx context.Context, rec *job.Record, t *asynq.Task, lo
 		// A short wait for capacity: hold the task here, without a slot,
 		// so its place (creation time) in the slot queue is kept and no
 		// asynq round trip (whole-second retry times) delays it.
-		if !d.hold(ctx, rec, out.retryAfter, log) {
-			return nil
+		if held, err := d.hold(ctx, rec, out.retryAfter, log); !held {
+			return err
 		}
 	}
 }
@@ -347,8 +346,7 @@ func (d *Dispatcher) attempt(ctx context.Context, rec *job.Record, log *slog.Log
 			return out, true, nil // cancelled by the caller or shutting down; asynq handles the task
 		}
 		if errors.Is(err, context.DeadlineExceeded) {
-			d.fail(ctx, rec, deadlineReason(rec, "waiting for a free provider slot"), log)
-			return out, true, nil
+			return out, true, d.fail(ctx, rec, job.CodeDeadline, deadlineReason(rec, "waiting for a free provider slot"), log)
 		}
 		return out, true, fmt.Errorf("dispatch: slot: %w", err)
 	}
@@ -411,12 +409,12 @@ func (d *Dispatcher) keep(ctx context.Context, slot *slots.Slot, log *slog.Logge
 
 // hold waits after inside the worker for capacity to return, telling the
 // caller; it reports false when the task ended instead (cancelled, or the
-// deadline would pass first).
-func (d *Dispatcher) hold(ctx context.Context, rec *job.Record, after time.Duration, log *slog.Logger) bool {
+// deadline would pass first), with the handler's error.
+func (d *Dispatcher) hold(ctx context.Context, rec *job.Record, after time.Duration, log *slog.Logger) (bool, error) {
 	after = max(after, d.cfg.MinWait)
 	if time.Now().Add(after).After(rec.Job.Deadline) {
-		d.fail(ctx, rec, deadlineReason(rec, fmt.Sprintf("and no provider route has capacity for another %s", after.Round(time.Second))), log)
-		return false
+		return false, d.fail(ctx, rec, job.CodeDeadline,
+			deadlineReason(rec, fmt.Sprintf("and no provider route has capacity for another %s", after.Round(time.Second))), log)
 	}
 	st := rec.State
 	st.RetryAt = time.Now().Add(after)
@@ -424,13 +422,13 @@ func (d *Dispatcher) hold(ctx context.Context, rec *job.Record, after time.Durat
 	_, err := d.jobs.Apply(ctx, rec.Job.ID, job.Change{Status: job.StatusWaiting, State: &st,
 		Event: &job.Event{Type: job.EventWaiting, RetryAfterSeconds: secs}})
 	if errors.Is(err, job.ErrTerminal) || errors.Is(err, job.ErrNotFound) {
-		return false
+		return false, nil
 	}
 	if err != nil {
 		log.Warn("dispatch: mark waiting", "err", err)
 	}
 	rec.State = st
-	return sleep(ctx, after)
+	return sleep(ctx, after), nil
 }
 
 // wait re-enqueues a request until capacity returns, or fails it when that
@@ -445,8 +443,8 @@ func (d *Dispatcher) wait(ctx context.Context, rec *job.Record, after time.Durat
 	retryAt := time.Now().Add(after).Truncate(time.Second).Add(time.Second)
 	after = time.Until(retryAt)
 	if retryAt.After(rec.Job.Deadline) {
-		d.fail(ctx, rec, deadlineReason(rec, fmt.Sprintf("and every provider route stays exhausted for another %s", after.Round(time.Second))), log)
-		return nil
+		return d.fail(ctx, rec, job.CodeDeadline,
+			deadlineReason(rec, fmt.Sprintf("and every provider route stays exhausted for another %s", after.Round(time.Second))), log)
 	}
 	st := rec.State
 	st.RetryAt = retryAt
@@ -468,8 +466,8 @@ func (d *Dispatcher) retryTransient(ctx context.Context, rec *job.Record, t *asy
 	maxRetry, _ := asynq.GetMaxRetry(ctx)
 	delay := min(backoff(n+1), d.cfg.MaxTransientWait)
 	if n >= maxRetry || time.Now().Add(delay).After(rec.Job.Deadline) {
-		d.fail(ctx, rec, fmt.Sprintf("provider_unavailable: %d attempts failed; last error: %v", rec.State.Attempts, cause), log)
-		return nil
+		return d.fail(ctx, rec, job.CodeProviderUnavailable,
+			fmt.Sprintf("provider_unavailable: %d attempts failed; last error: %v", rec.State.Attempts, cause), log)
 	}
 	st := rec.State
 	st.RetryAt = time.Now().Add(delay)
@@ -478,54 +476,43 @@ func (d *Dispatcher) retryTransient(ctx context.Context, rec *job.Record, t *asy
 	return &transientError{Delay: delay, Err: cause}
 }
 
-func (d *Dispatcher) fail(ctx context.Context, rec *job.Record, reason string, log *slog.Logger) {
-	st := rec.State
-	st.FinishedAt = time.Now()
-	rec.State, rec.Status, rec.Reason = st, job.StatusFailed, reason
-	_, err := d.jobs.Apply(context.WithoutCancel(ctx), rec.Job.ID, job.Change{Status: job.StatusFailed, State: &st,
-		Reason: reason, Event: &job.Event{Type: job.EventFailed, Error: reason}})
-	if err != nil {
-		log.Info("dispatch: could not mark failed", "err", err)
-		return
+// fail ends rec as failed. It returns the handler's result: nil once the
+// request ended (by this call or another), an error asynq retries when the
+// terminal write failed.
+func (d *Dispatcher) fail(ctx context.Context, rec *job.Record, code job.Code, reason string, log *slog.Logger) error {
+	err := d.finisher.Finish(ctx, rec, finish.Failed(rec.State, code, reason))
+	switch {
+	case errors.Is(err, finish.ErrEnded):
+		return nil
+	case err != nil:
+		return fmt.Errorf("dispatch: %w", err)
 	}
-	log.Warn("dispatch: request failed", "reason", reason)
-	d.metrics.Requests.WithLabelValues(rec.Job.Priority.String(), metrics.StatusFailed).Inc()
-	d.observeDuration(rec)
-	if d.finisher != nil {
-		d.finisher.Finished(context.WithoutCancel(ctx), rec)
-	}
+	log.Warn("dispatch: request failed", "code", string(code), "reason", reason)
+	return nil
 }
 
-func (d *Dispatcher) complete(ctx context.Context, rec *job.Record, out outcome, log *slog.Logger) {
+// complete stores the answer in the cache, then ends rec as completed, so
+// whoever sees the completion also finds the answer cached.
+func (d *Dispatcher) complete(ctx context.Context, rec *job.Record, out outcome, log *slog.Logger) error {
 	st := rec.State
-	st.FinishedAt = time.Now()
 	st.ServedRoute = &out.route
 	st.KeyID = out.keyID
 	st.Result = out.resp
 	st.Cached = "none"
-	rec.State, rec.Status = st, job.StatusCompleted
+	rec.State = st
 	if d.cache != nil {
 		if err := d.cache.Store(context.WithoutCancel(ctx), rec); err != nil {
 			log.Warn("dispatch: cache store", "err", err)
 		}
 	}
-	res := job.ResultOf(st)
-	_, err := d.jobs.Apply(context.WithoutCancel(ctx), rec.Job.ID, job.Change{Status: job.StatusCompleted, State: &st,
-		Event: &job.Event{Type: job.EventCompleted, Provider: out.route.Provider, Tier: out.route.Tier, Result: res}})
-	if err != nil {
-		log.Info("dispatch: could not mark completed", "err", err)
-		return
+	err := d.finisher.Finish(ctx, rec, finish.Completed(st))
+	switch {
+	case errors.Is(err, finish.ErrEnded):
+		return nil
+	case err != nil:
+		// The answer is cached: the retry finds it there at once.
+		return fmt.Errorf("dispatch: %w", err)
 	}
 	log.Info("dispatch: completed", "route", out.route.String(), "key_id", out.keyID, "attempts", st.Attempts)
-	d.metrics.Requests.WithLabelValues(rec.Job.Priority.String(), metrics.StatusCompleted).Inc()
-	d.metrics.AddUsage(out.route, out.resp.Usage, d.cfg.Price(out.route))
-	d.observeDuration(rec)
-	if d.finisher != nil {
-		d.finisher.Finished(context.WithoutCancel(ctx), rec)
-	}
-}
-
-func (d *Dispatcher) observeDuration(rec *job.Record) {
-	d.metrics.RequestDuration.WithLabelValues(rec.Job.Priority.String(), metrics.CachedFalse).
-		Observe(time.Since(rec.Job.CreatedAt).Seconds())
+	return nil
 }

@@ -72,8 +72,9 @@ type outcome struct {
 	resp  *llm.Response
 	route llm.Route
 	keyID string
-	// permanent is a caller fault: fail the request.
+	// permanent is a caller fault: fail the request with code.
 	permanent error
+	code      job.Code
 	// transient is the last transient failure, if any.
 	transient error
 	// exhausted is true when some route had no capacity; retryAfter is the
@@ -169,6 +170,7 @@ func (d *Dispatcher) callRoutes(ctx context.Context, rec *job.Record, log *slog.
 	if tried == 0 {
 		_ = all.Done(ctx, breaker.Ignore)
 		out.permanent = fmt.Errorf("no provider key is configured for %s or its fallback", rec.Job.Route)
+		out.code = job.CodeNoRoute
 		return out
 	}
 	if refused == tried {
@@ -237,7 +239,7 @@ func (d *Dispatcher) callRoute(ctx context.Context, rec *job.Record, r llm.Route
 		case nextRoute:
 			return outcome{transient: err, refused: true}, routeTransient
 		case failRequest:
-			return outcome{permanent: err}, routePermanent
+			return outcome{permanent: err, code: job.CodeProviderError}, routePermanent
 		case nextKeyBackoff:
 			if !sleep(ctx, backoff/2+rand.N(backoff/2+1)) {
 				return outcome{}, routeCancelled
@@ -287,7 +289,7 @@ func (d *Dispatcher) notAcquired(err error) (*keypool.Lease, outcome, routeResul
 	case errors.Is(err, keypool.ErrUnknownRoute):
 		return nil, outcome{}, routeNoKeys
 	case errors.Is(err, keypool.ErrTooLarge):
-		return nil, outcome{permanent: err}, routePermanent
+		return nil, outcome{permanent: err, code: job.CodeProviderError}, routePermanent
 	default:
 		return nil, outcome{transient: err}, routeTransient
 	}

@@ -258,14 +258,7 @@ func (s *Server) retryHint(ctx context.Context, id string) time.Duration {
 func (s *Server) compatAnswer(c *gin.Context, d dialect, rec *job.Record, model string, streaming bool, opts []openai.StreamOption) {
 	st := rec.State
 	if rec.Status != job.StatusCompleted || st.Result == nil {
-		status, code := http.StatusBadGateway, "upstream_failed"
-		if rec.Status == job.StatusCancelled {
-			status, code = http.StatusConflict, "cancelled"
-		} else if strings.HasPrefix(rec.Reason, "deadline_exceeded") {
-			status, code = http.StatusServiceUnavailable, "deadline_exceeded"
-		} else if strings.HasPrefix(rec.Reason, "provider_error") {
-			status, code = http.StatusBadRequest, "provider_rejected"
-		}
+		status, code := failureStatus(rec)
 		d.fail(c, status, code, rec.Reason)
 		return
 	}
@@ -296,4 +289,22 @@ func (s *Server) compatAnswer(c *gin.Context, d dialect, rec *job.Record, model 
 		return
 	}
 	c.Data(http.StatusOK, "application/json", body)
+}
+
+// failureStatus is the HTTP status and error code of a request that ended
+// without an answer, by its typed job.Code.
+func failureStatus(rec *job.Record) (int, string) {
+	if rec.Status == job.StatusCancelled {
+		return http.StatusConflict, "cancelled"
+	}
+	switch rec.Code {
+	case job.CodeDeadline:
+		return http.StatusServiceUnavailable, "deadline_exceeded"
+	case job.CodeProviderError:
+		return http.StatusBadRequest, "provider_rejected"
+	case job.CodeNoRoute:
+		return http.StatusBadRequest, "no_route"
+	default: // provider_unavailable, lost, and records older than codes
+		return http.StatusBadGateway, "upstream_failed"
+	}
 }

@@ -49,7 +49,12 @@ func (s *Server) events(c *gin.Context) {
 	if last == "" {
 		last = c.Query("last_event_id")
 	}
+	detached := false // the leader ended for a reason of its own: follow our own events
 	write := func(ev job.Event) bool {
+		if own != rec && !detached && terminal(ev.Type) && ev.RequestID != own.Job.ID && !ev.SharedEnding() {
+			detached = true
+			return false
+		}
 		ev.RequestID = own.Job.ID
 		if err := writeSSE(w, ev); err != nil {
 			return true
@@ -91,10 +96,13 @@ func (s *Server) events(c *gin.Context) {
 		case <-ctx.Done():
 			return
 		case ev := <-ownC:
-			if terminal(ev.Type) && write(ev) {
+			if (detached || terminal(ev.Type)) && write(ev) {
 				return
 			}
 		case ev := <-sub.C:
+			if detached {
+				continue
+			}
 			if ev.Type == "resync" || sub.Lagged() {
 				if replay() {
 					return

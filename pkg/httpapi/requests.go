@@ -2,7 +2,6 @@ package httpapi
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"bulwark/pkg/finish"
 	"bulwark/pkg/history"
 	"bulwark/pkg/intake"
 	"bulwark/pkg/job"
@@ -220,7 +220,10 @@ func (s *Server) lookup(c *gin.Context) (own *job.Record, effective *job.Record,
 	}
 	eff := rec
 	if leader := rec.State.CoalescedInto; leader != "" && !rec.Status.Terminal() {
-		if l, err := s.d.Jobs.Get(c.Request.Context(), leader); err == nil {
+		// Follow the leader while it runs and when its ending is ours too;
+		// a leader cancelled or expired for its own reason leaves this
+		// request queued for a call of its own (the sweep enqueues it).
+		if l, err := s.d.Jobs.Get(c.Request.Context(), leader); err == nil && (!l.Status.Terminal() || l.SharedEnding()) {
 			eff = l
 		}
 	}
@@ -287,24 +290,14 @@ func (s *Server) cancel(c *gin.Context) {
 		apiError(c, http.StatusNotFound, "not_found", "id", "no request "+c.Param("id"))
 		return
 	}
-	ctx := c.Request.Context()
-	const reason = "cancelled by the caller"
-	_, err := s.d.Jobs.Apply(ctx, own.Job.ID, job.Change{Status: job.StatusCancelled, Reason: reason,
-		Event: &job.Event{Type: job.EventCancelled}})
-	if errors.Is(err, job.ErrTerminal) {
+	err := s.d.Intake.Cancel(c.Request.Context(), own)
+	if errors.Is(err, finish.ErrEnded) {
 		apiError(c, http.StatusConflict, "already_finished", "id", "the request has already ended")
 		return
 	}
 	if err != nil {
 		apiError(c, http.StatusServiceUnavailable, "unavailable", "", "request store unavailable")
 		return
-	}
-	s.d.Intake.Cancelled(context.WithoutCancel(ctx), own, reason)
-	// A coalesced follower only detaches; the request it joined goes on.
-	if own.State.CoalescedInto == "" {
-		if _, err := s.d.Queue.Cancel(ctx, own.Job.ID, own.Job.Priority); err != nil {
-			s.d.Logger.Warn("cancel: queue", "request_id", own.Job.ID, "err", err)
-		}
 	}
 	c.JSON(http.StatusOK, gin.H{"id": own.Job.ID, "status": job.StatusCancelled})
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"bulwark/pkg/finish"
 	"bulwark/pkg/job"
 	"bulwark/pkg/metrics"
 	"bulwark/pkg/progress"
@@ -51,18 +52,12 @@ func (in *Intake) completeFromHit(ctx context.Context, j *job.Job, hit Hit) (*Ac
 	}
 	st := job.State{Cached: hit.Kind, Similarity: hit.Similarity, CacheAge: hit.Age, Result: hit.Response,
 		ServedRoute: &route, StartedAt: now, FinishedAt: now}
-	res := job.ResultOf(st)
-	if _, err := in.jobs.Apply(ctx, j.ID, job.Change{Status: job.StatusCompleted, State: &st,
-		Event: &job.Event{Type: job.EventCompleted, Provider: route.Provider, Tier: route.Tier, Result: res}}); err != nil {
+	rec := &job.Record{Job: *j, Status: job.StatusQueued}
+	if err := in.finisher.Finish(ctx, rec, finish.Completed(st)); err != nil {
 		return nil, err
 	}
-	if in.history != nil {
-		in.history.Submitted(ctx, j, job.StatusCompleted, hit.Kind)
-	}
-	in.metrics.Requests.WithLabelValues(j.Priority.String(), metrics.StatusCompleted).Inc()
-	in.metrics.RequestDuration.WithLabelValues(j.Priority.String(), metrics.CachedTrue).Observe(time.Since(j.CreatedAt).Seconds())
 	return &Accepted{ID: j.ID, Status: job.StatusCompleted, Priority: j.Priority, Cached: hit.Kind,
-		Similarity: hit.Similarity, CacheAge: hit.Age, Result: res}, nil
+		Similarity: hit.Similarity, CacheAge: hit.Age, Result: job.ResultOf(st)}, nil
 }
 
 // answeredMeanwhile closes the race between a cache miss and winning the
@@ -109,16 +104,12 @@ func (in *Intake) coalesce(ctx context.Context, j *job.Job, s Submission) (*Acce
 	case lrec.Status == job.StatusCompleted && lrec.State.Result != nil:
 		st := lrec.State
 		st.Cached, st.CoalescedInto = "coalesced", leader
-		res := job.ResultOf(st)
-		if _, err := in.jobs.Apply(ctx, j.ID, job.Change{Status: job.StatusCompleted, State: &st,
-			Event: &job.Event{Type: job.EventCompleted, Provider: res.Provider, Tier: res.Tier, Result: res}}); err != nil {
+		st.KeyID, st.StartedAt, st.FinishedAt = "", time.Now(), time.Time{}
+		if err := in.finisher.Finish(ctx, &job.Record{Job: *j, Status: job.StatusQueued}, finish.Completed(st)); err != nil {
 			return nil, false, err
 		}
 		in.metrics.Coalesced.Inc()
-		if in.history != nil {
-			in.history.Submitted(ctx, j, job.StatusCompleted, "coalesced")
-		}
-		return &Accepted{ID: j.ID, Status: job.StatusCompleted, Priority: j.Priority, Cached: "coalesced", Result: res}, true, nil
+		return &Accepted{ID: j.ID, Status: job.StatusCompleted, Priority: j.Priority, Cached: "coalesced", Result: job.ResultOf(st)}, true, nil
 	case lrec.Status.Terminal():
 		return nil, false, nil // the leader failed or was cancelled: run our own
 	}

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"bulwark/pkg/breaker"
+	"bulwark/pkg/finish"
 	"bulwark/pkg/job"
 	"bulwark/pkg/llm"
 	"bulwark/pkg/metrics"
@@ -78,6 +79,7 @@ type Queue interface {
 	Admit(ctx context.Context) error
 	Enqueue(ctx context.Context, id string, p priority.Priority, delay time.Duration) error
 	SpotOf(ctx context.Context, id string) (queue.Spot, error)
+	Cancel(ctx context.Context, id string, p priority.Priority) (bool, error)
 }
 
 // Jobs is the live request store.
@@ -116,6 +118,11 @@ type Hit struct {
 }
 
 // Coalescer attaches identical in-flight requests to the first one.
+// Finisher ends requests (pkg/finish).
+type Finisher interface {
+	Finish(ctx context.Context, rec *job.Record, e finish.Ending) error
+}
+
 type Coalescer interface {
 	// Claim makes id the leader of key, or returns the current leader.
 	Claim(ctx context.Context, key, id string, ttl time.Duration) (leader string, err error)
@@ -139,12 +146,17 @@ type Config struct {
 	Layers           map[string]bool
 	DefaultLayer     string
 	CacheEnabled     bool
+	// AfterStore, when set, runs between storing a request and enqueueing
+	// it; an error stops the submission there, as a crash would. A
+	// failpoint for tests of the orphan sweep; nil in production.
+	AfterStore func(id string) error
 }
 
 // Intake is safe for concurrent use.
 type Intake struct {
 	cfg       Config
 	jobs      Jobs
+	finisher  Finisher
 	queue     Queue
 	breakers  BreakerStatus
 	history   History
@@ -158,6 +170,7 @@ type Intake struct {
 // Deps are the collaborators; History, Cache, Coalescer and RateLimiter may be nil.
 type Deps struct {
 	Jobs        Jobs
+	Finisher    Finisher
 	Queue       Queue
 	Breakers    BreakerStatus
 	History     History
@@ -173,7 +186,7 @@ func New(cfg Config, d Deps) *Intake {
 	if d.Metrics == nil {
 		d.Metrics = metrics.New(nil)
 	}
-	return &Intake{cfg: cfg, jobs: d.Jobs, queue: d.Queue, breakers: d.Breakers, history: d.History,
+	return &Intake{cfg: cfg, jobs: d.Jobs, finisher: d.Finisher, queue: d.Queue, breakers: d.Breakers, history: d.History,
 		cache: d.Cache, coalescer: d.Coalescer, limiter: d.RateLimiter, metrics: d.Metrics, logger: d.Logger}
 }
 
@@ -239,6 +252,11 @@ func (in *Intake) Submit(ctx context.Context, t Tenant, s Submission) (*Accepted
 	if a, ok := in.answeredMeanwhile(ctx, j); ok {
 		return a, nil
 	}
+	if in.cfg.AfterStore != nil {
+		if err := in.cfg.AfterStore(j.ID); err != nil {
+			return nil, err
+		}
+	}
 	return in.enqueue(ctx, j, s)
 }
 
@@ -247,8 +265,11 @@ func (in *Intake) enqueue(ctx context.Context, j *job.Job, s Submission) (*Accep
 	id := j.ID
 	if err := in.queue.Enqueue(ctx, id, j.Priority, 0); err != nil {
 		// Nothing will run it: end it rather than leave it queued forever.
-		_, _ = in.jobs.Apply(context.WithoutCancel(ctx), id, job.Change{Status: job.StatusFailed, Reason: "enqueue failed",
-			Event: &job.Event{Type: job.EventFailed, Error: "enqueue failed"}})
+		// (Should this write fail too, the orphan sweep ends it.)
+		rec := &job.Record{Job: *j, Status: job.StatusQueued}
+		if ferr := in.finisher.Finish(ctx, rec, finish.Failed(job.State{}, job.CodeLost, "enqueue failed")); ferr != nil {
+			in.logger.Warn("intake: end a request that could not be enqueued", "request_id", id, "err", ferr)
+		}
 		return nil, err
 	}
 	if in.history != nil {
@@ -319,18 +340,23 @@ func (in *Intake) existing(ctx context.Context, id, lang string) (*Accepted, err
 	return a, nil
 }
 
-// Cancelled records in the history that the caller cancelled rec, whose
-// live record the API has just moved to cancelled with reason. Nobody else
-// would: a queued request's task is deleted before a worker sees it, and a
-// worker abandons a running call without a word. Without this the history
-// row stays "queued" for good.
-func (in *Intake) Cancelled(ctx context.Context, rec *job.Record, reason string) {
-	if in.history == nil {
-		return
+// Cancel ends rec as cancelled by its caller and takes its task off the
+// queue (or stops the worker running it). A coalesced follower only
+// detaches: the request it joined goes on. It returns finish.ErrEnded when
+// the request had already ended.
+func (in *Intake) Cancel(ctx context.Context, rec *job.Record) error {
+	st := rec.State
+	st.Result = nil
+	if err := in.finisher.Finish(ctx, rec, finish.Cancelled(st, "cancelled by the caller")); err != nil {
+		return err
 	}
-	r := *rec
-	r.Status, r.Reason = job.StatusCancelled, reason
-	r.State.Result = nil
-	r.State.FinishedAt = time.Now()
-	in.history.Finished(ctx, &r, 0)
+	if rec.State.CoalescedInto != "" {
+		return nil
+	}
+	if _, err := in.queue.Cancel(context.WithoutCancel(ctx), rec.Job.ID, rec.Job.Priority); err != nil {
+		// The request has ended: a worker that still takes its task finds
+		// it terminal and drops it.
+		in.logger.Warn("intake: cancel: remove the task", "request_id", rec.Job.ID, "err", err)
+	}
+	return nil
 }

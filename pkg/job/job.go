@@ -6,7 +6,9 @@
 // Redis layout (prefix p, default "bulwark:"):
 //
 //	p job:{id}     hash: "job" (Job JSON, immutable), "status", "state" (State JSON, written by the worker),
-//	               "reason" (why it ended, written with terminal statuses)
+//	               "reason" and "code" (why it ended, written with terminal statuses)
+//	p live         sorted set: id → creation (Unix ms) of every request not ended yet,
+//	               so a sweep can find one whose task was lost
 //	p ev:{id}      stream of events (field "e": Event JSON); the stream ID is the SSE event id
 //	p events       pub/sub channel: "{id} {streamID} {event JSON}" for every event
 //	p idem:{tenant}:{key}  idempotency key → job id
@@ -35,6 +37,31 @@ const (
 	StatusCompleted Status = "completed"
 	StatusFailed    Status = "failed"
 	StatusCancelled Status = "cancelled"
+)
+
+// Code says, in a closed vocabulary, why a request failed or was
+// cancelled. HTTP answers and metrics switch on it; Record.Reason is the
+// text for people.
+type Code string
+
+const (
+	// CodeDeadline: the request did not start (or could not get capacity)
+	// within queue_max_wait.
+	CodeDeadline Code = "deadline_exceeded"
+	// CodeProviderError: the provider refused the request itself (a 4xx
+	// that is the request's fault, a prompt larger than any key's TPM).
+	CodeProviderError Code = "provider_error"
+	// CodeProviderUnavailable: transient provider failures outlasted the
+	// retries.
+	CodeProviderUnavailable Code = "provider_unavailable"
+	// CodeNoRoute: no key is configured for the route or its fallback.
+	CodeNoRoute Code = "no_route"
+	// CodeCancelled: the caller cancelled it.
+	CodeCancelled Code = "cancelled"
+	// CodeLost: Bulwark lost the request's task (a crash between storing
+	// and enqueueing, a task archived after its retries) and could not
+	// run it again.
+	CodeLost Code = "lost"
 )
 
 // Terminal reports whether s is final.
@@ -91,7 +118,9 @@ type Record struct {
 	Job    Job
 	Status Status
 	State  State
-	// Reason says why a request failed or was cancelled.
+	// Code and Reason say why a request failed or was cancelled: Code for
+	// programs, Reason for people.
+	Code   Code
 	Reason string
 }
 
@@ -125,6 +154,8 @@ type Event struct {
 	// EstimatedWaitMS is the same estimate to the millisecond.
 	EstimatedWaitMS int64  `json:"estimated_wait_ms,omitempty"`
 	Message         string `json:"message,omitempty"`
+	// Code says why a request failed or was cancelled (failed, cancelled).
+	Code Code `json:"code,omitempty"`
 	// RetryAfterSeconds (waiting, degraded).
 	RetryAfterSeconds int `json:"retry_after_seconds,omitempty"`
 	// Provider and tier involved (started, fallback, completed).
@@ -187,4 +218,37 @@ func mustJSON(v any) string {
 		panic(err) // only our own plain structs are marshalled here
 	}
 	return string(b)
+}
+
+// sharedCode reports whether a failure with code c is the request's own,
+// so that identical requests coalesced with it fail the same way: the
+// provider refused the request itself. A deadline, a cancellation or a lost
+// task belong to one caller; the others get a call of their own.
+func sharedCode(c Code) bool {
+	return c == CodeProviderError || c == CodeProviderUnavailable || c == CodeNoRoute || c == ""
+}
+
+// SharedEnding reports whether the ending of r, a request others were
+// coalesced with, is theirs too: its answer, or a failure of the request
+// itself.
+func (r *Record) SharedEnding() bool {
+	switch r.Status {
+	case StatusCompleted:
+		return r.State.Result != nil
+	case StatusFailed:
+		return sharedCode(r.Code)
+	}
+	return false
+}
+
+// SharedEnding reports whether e, the terminal event of a request others
+// were coalesced with, ends them too (see Record.SharedEnding).
+func (e Event) SharedEnding() bool {
+	switch e.Type {
+	case EventCompleted:
+		return true
+	case EventFailed:
+		return sharedCode(e.Code)
+	}
+	return false
 }

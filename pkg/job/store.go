@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -22,6 +23,8 @@ var ErrTerminal = errors.New("job: request already ended")
 type Redis interface {
 	redis.Scripter
 	HGetAll(ctx context.Context, key string) *redis.MapStringStringCmd
+	ZRangeByScore(ctx context.Context, key string, opt *redis.ZRangeBy) *redis.StringSliceCmd
+	ZRem(ctx context.Context, key string, members ...any) *redis.IntCmd
 	XRange(ctx context.Context, stream, start, stop string) *redis.XMessageSliceCmd
 	Get(ctx context.Context, key string) *redis.StringCmd
 }
@@ -43,6 +46,7 @@ func NewStore(rdb Redis, prefix string, ttl time.Duration) *Store {
 }
 
 func (s *Store) jobKey(id string) string    { return s.prefix + "job:" + id }
+func (s *Store) liveKey() string            { return s.prefix + "live" }
 func (s *Store) streamKey(id string) string { return s.prefix + "ev:" + id }
 func (s *Store) idemKey(tenant, key string) string {
 	return s.prefix + "idem:" + tenant + ":" + key
@@ -53,10 +57,11 @@ func (s *Store) Channel() string { return s.prefix + "events" }
 
 // createScript stores a new job with its first event.
 //
-// KEYS[1] job hash, KEYS[2] event stream, KEYS[3] idempotency key ("" none)
+// KEYS[1] job hash, KEYS[2] event stream, KEYS[3] idempotency key ("" none),
+// KEYS[4] live set
 // ARGV[1] job JSON, ARGV[2] status, ARGV[3] event JSON, ARGV[4] channel,
 // ARGV[5] id, ARGV[6] ttl of the idempotency key and an abandoned record (s),
-// ARGV[7] max events
+// ARGV[7] max events, ARGV[8] creation time (Unix ms)
 // Reply: {1, streamID} created; {0, existingID} idempotency key already used.
 var createScript = redis.NewScript(`
 if KEYS[3] ~= "" then
@@ -65,6 +70,7 @@ if KEYS[3] ~= "" then
   redis.call("SET", KEYS[3], ARGV[5], "EX", ARGV[6])
 end
 redis.call("HSET", KEYS[1], "job", ARGV[1], "status", ARGV[2], "state", "{}")
+redis.call("ZADD", KEYS[4], ARGV[8], ARGV[5])
 redis.call("EXPIRE", KEYS[1], ARGV[6])
 local sid = redis.call("XADD", KEYS[2], "MAXLEN", "~", ARGV[7], "*", "e", ARGV[3])
 redis.call("EXPIRE", KEYS[2], ARGV[6])
@@ -87,8 +93,9 @@ func (s *Store) Create(ctx context.Context, j *Job, ev Event, idemKey string) (i
 	// A queued record lives at least as long as its deadline plus the result TTL.
 	ttl := time.Until(j.Deadline) + s.ttl
 	res, err := createScript.Run(ctx, s.rdb,
-		[]string{s.jobKey(j.ID), s.streamKey(j.ID), ik},
+		[]string{s.jobKey(j.ID), s.streamKey(j.ID), ik, s.liveKey()},
 		mustJSON(j), string(StatusQueued), mustJSON(ev), s.Channel(), j.ID, int(ttl.Seconds())+1, MaxEvents,
+		j.CreatedAt.UnixMilli(),
 	).Slice()
 	if err != nil {
 		return "", false, fmt.Errorf("job: create %s: %w", j.ID, err)
@@ -105,19 +112,23 @@ func (s *Store) Create(ctx context.Context, j *Job, ev Event, idemKey string) (i
 
 // transitionScript changes a request's status and appends its event.
 //
-// KEYS[1] job hash, KEYS[2] event stream
+// KEYS[1] job hash, KEYS[2] event stream, KEYS[3] live set
 // ARGV[1] new status ("" keeps it), ARGV[2] state JSON ("" keeps it),
 // ARGV[3] event JSON ("" for none), ARGV[4] channel, ARGV[5] id,
 // ARGV[6] ttl seconds to set when the new status is terminal (0 none),
-// ARGV[7] reason ("" none), ARGV[8] max events
+// ARGV[7] reason ("" none), ARGV[8] max events, ARGV[9] code ("" none)
 // Reply: {1, streamID or ""} done; {0, current status} refused (ended or missing).
 var transitionScript = redis.NewScript(`
 local cur = redis.call("HGET", KEYS[1], "status")
-if not cur then return {0, ""} end
+if not cur then
+  redis.call("ZREM", KEYS[3], ARGV[5])
+  return {0, ""}
+end
 if cur == "completed" or cur == "failed" or cur == "cancelled" then return {0, cur} end
 if ARGV[1] ~= "" then redis.call("HSET", KEYS[1], "status", ARGV[1]) end
 if ARGV[2] ~= "" then redis.call("HSET", KEYS[1], "state", ARGV[2]) end
 if ARGV[7] ~= "" then redis.call("HSET", KEYS[1], "reason", ARGV[7]) end
+if ARGV[9] ~= "" then redis.call("HSET", KEYS[1], "code", ARGV[9]) end
 local sid = ""
 if ARGV[3] ~= "" then
   sid = redis.call("XADD", KEYS[2], "MAXLEN", "~", ARGV[8], "*", "e", ARGV[3])
@@ -126,6 +137,7 @@ end
 if tonumber(ARGV[6]) > 0 then
   redis.call("EXPIRE", KEYS[1], ARGV[6])
   redis.call("EXPIRE", KEYS[2], ARGV[6])
+  redis.call("ZREM", KEYS[3], ARGV[5])
 end
 return {1, sid}
 `)
@@ -135,7 +147,8 @@ type Change struct {
 	Status Status // "" keeps the status
 	State  *State // nil keeps the state
 	Event  *Event // nil appends no event
-	Reason string // why it failed or was cancelled
+	Reason string // why it failed or was cancelled, for people
+	Code   Code   // why it failed or was cancelled, for programs
 }
 
 // Apply applies c unless the request has ended. It returns the event's
@@ -159,8 +172,8 @@ func (s *Store) Apply(ctx context.Context, id string, c Change) (string, error) 
 	if c.Status.Terminal() {
 		ttl = int(s.ttl.Seconds())
 	}
-	res, err := transitionScript.Run(ctx, s.rdb, []string{s.jobKey(id), s.streamKey(id)},
-		string(c.Status), state, event, s.Channel(), id, ttl, c.Reason, MaxEvents).Slice()
+	res, err := transitionScript.Run(ctx, s.rdb, []string{s.jobKey(id), s.streamKey(id), s.liveKey()},
+		string(c.Status), state, event, s.Channel(), id, ttl, c.Reason, MaxEvents, string(c.Code)).Slice()
 	if err != nil {
 		return "", fmt.Errorf("job: update %s: %w", id, err)
 	}
@@ -186,7 +199,7 @@ func (s *Store) Get(ctx context.Context, id string) (*Record, error) {
 	if len(m) == 0 || m["job"] == "" {
 		return nil, ErrNotFound
 	}
-	r := &Record{Status: Status(m["status"]), Reason: m["reason"]}
+	r := &Record{Status: Status(m["status"]), Reason: m["reason"], Code: Code(m["code"])}
 	if err := json.Unmarshal([]byte(m["job"]), &r.Job); err != nil {
 		return nil, fmt.Errorf("job: decode %s: %w", id, err)
 	}
@@ -274,4 +287,24 @@ func cmp(a, b uint64) int {
 		return 1
 	}
 	return 0
+}
+
+// Live returns the ids of requests not ended yet that were created before
+// olderThan, oldest first, at most limit.
+func (s *Store) Live(ctx context.Context, olderThan time.Time, limit int) ([]string, error) {
+	ids, err := s.rdb.ZRangeByScore(ctx, s.liveKey(), &redis.ZRangeBy{
+		Min: "-inf", Max: strconv.FormatInt(olderThan.UnixMilli(), 10), Count: int64(limit)}).Result()
+	if err != nil {
+		return nil, fmt.Errorf("job: live requests: %w", err)
+	}
+	return ids, nil
+}
+
+// Forget drops id from the live set (a record that expired without
+// ending).
+func (s *Store) Forget(ctx context.Context, id string) error {
+	if err := s.rdb.ZRem(ctx, s.liveKey(), id).Err(); err != nil {
+		return fmt.Errorf("job: forget %s: %w", id, err)
+	}
+	return nil
 }

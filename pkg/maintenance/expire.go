@@ -8,6 +8,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"bulwark/pkg/finish"
 	"bulwark/pkg/job"
 	"bulwark/pkg/priority"
 )
@@ -30,7 +31,7 @@ type Queues interface {
 }
 
 func (j *Jobs) expire(ctx context.Context, _ *asynq.Task) error {
-	if j.d.Jobs == nil || j.d.Queues == nil {
+	if j.d.Jobs == nil || j.d.Queues == nil || j.d.Finisher == nil {
 		return nil
 	}
 	now := time.Now()
@@ -47,9 +48,8 @@ func (j *Jobs) expire(ctx context.Context, _ *asynq.Task) error {
 			}
 			reason := fmt.Sprintf("deadline_exceeded: waited %s in the %s queue (queue_max_wait %s) and no worker took it",
 				now.Sub(rec.Job.CreatedAt).Round(time.Second), p, rec.Job.Deadline.Sub(rec.Job.CreatedAt).Round(time.Second))
-			_, err = j.d.Jobs.Apply(ctx, id, job.Change{Status: job.StatusFailed, Reason: reason,
-				Event: &job.Event{Type: job.EventFailed, Error: reason}})
-			if err != nil && !errors.Is(err, job.ErrTerminal) {
+			err = j.d.Finisher.Finish(ctx, rec, finish.Failed(rec.State, job.CodeDeadline, reason))
+			if err != nil && !errors.Is(err, finish.ErrEnded) {
 				continue
 			}
 			if _, err := j.d.Queues.Cancel(ctx, id, p); err != nil {

@@ -70,9 +70,11 @@ type Deps struct {
 	Report   config.Report
 	Language string
 	Logger   *slog.Logger
-	// Jobs and Queues let the expiry job fail overdue queued requests.
-	Jobs   JobStore
-	Queues Queues
+	// Jobs, Queues and Finisher let the expiry job fail overdue queued
+	// requests.
+	Jobs     JobStore
+	Queues   Queues
+	Finisher Finisher
 }
 
 // Jobs runs the periodic jobs.

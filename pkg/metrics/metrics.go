@@ -50,6 +50,7 @@ const (
 	NameKeyCooldowns      = "bulwark_key_cooldowns_total"
 	NameKeysDisabled      = "bulwark_keys_disabled_total"
 	NameCacheUnavailable  = "bulwark_cache_unavailable_total"
+	NameHistoryErrors     = "bulwark_history_write_errors_total"
 
 	NameQueueDepth        = "bulwark_queue_depth"
 	NameQueueOldestWait   = "bulwark_queue_oldest_wait_seconds"
@@ -158,6 +159,9 @@ type Metrics struct {
 	// CacheUnavailable counts requests for which the cache was bypassed
 	// because PostgreSQL could not be reached.
 	CacheUnavailable prometheus.Counter
+	// HistoryErrors counts request-history writes PostgreSQL refused or
+	// timed out (the requests themselves go on).
+	HistoryErrors prometheus.Counter
 }
 
 // New creates Bulwark's collectors and registers them on reg. It panics if
@@ -220,6 +224,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: NameKeysDisabled,
 			Help: "Provider keys disabled (quota exhausted or bad credential), by key id.",
 		}, []string{"key_id"}),
+		HistoryErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: NameHistoryErrors,
+			Help: "Request-history writes that failed (PostgreSQL down or slow); the requests go on.",
+		}),
 		CacheUnavailable: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: NameCacheUnavailable,
 			Help: "Requests for which the cache was bypassed because PostgreSQL was unavailable.",
@@ -230,7 +238,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			m.ProviderCalls, m.ProviderLatency, m.RequestDuration, m.Requests,
 			m.RequestsSubmitted, m.CacheLookups, m.Coalesced, m.Fallbacks,
 			m.AdmissionRejected, m.Tokens, m.CostUSD, m.KeyCooldowns,
-			m.KeysDisabled, m.CacheUnavailable,
+			m.KeysDisabled, m.CacheUnavailable, m.HistoryErrors,
 		)
 	}
 	return m
@@ -277,7 +285,7 @@ func FamilyNames() []string {
 		NameProviderCalls, NameProviderLatency, NameRequestDuration, NameRequests,
 		NameRequestsSubmitted, NameCacheLookups, NameCoalesced, NameFallbacks,
 		NameAdmissionRejected, NameTokens, NameCostUSD, NameKeyCooldowns,
-		NameKeysDisabled, NameCacheUnavailable,
+		NameKeysDisabled, NameCacheUnavailable, NameHistoryErrors,
 		NameQueueDepth, NameQueueOldestWait, NameSlotsInUse, NameKeysAvailable,
 		NameKeysTotal, NameBreakerState, NameStateScrapeErrors,
 	}

@@ -437,3 +437,32 @@ func (q *Queue) OldestPending(ctx context.Context) (map[priority.Priority]string
 	}
 	return out, nil
 }
+
+// Requeue enqueues request id again unless asynq still holds a task for
+// it: requeued reports that it had none (the request was orphaned: a
+// crash between storing it and enqueueing it); archived that asynq holds
+// it archived (its retries ran out), in which case the archived task is
+// deleted and the caller ends the request.
+func (q *Queue) Requeue(ctx context.Context, id string, p priority.Priority) (requeued, archived bool, err error) {
+	err = q.Enqueue(ctx, id, p, 0)
+	if err == nil {
+		return true, false, nil
+	}
+	if !errors.Is(err, asynq.ErrTaskIDConflict) {
+		return false, false, err
+	}
+	info, err := q.inspector.GetTaskInfo(Name(p), id)
+	if err != nil {
+		if errors.Is(err, asynq.ErrTaskNotFound) {
+			return false, false, nil // finished between the two calls
+		}
+		return false, false, fmt.Errorf("queue: task %s: %w", id, err)
+	}
+	if info.State != asynq.TaskStateArchived {
+		return false, false, nil
+	}
+	if err := q.inspector.DeleteTask(Name(p), id); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
+		return false, true, fmt.Errorf("queue: delete archived %s: %w", id, err)
+	}
+	return false, true, nil
+}

@@ -47,6 +47,19 @@ func cacheKey(j *job.Job) cache.Key {
 func splitPrompt(r *llm.Request) (context, question string) {
 	var b strings.Builder
 	b.WriteString("system: " + r.System + "\n")
+	// Every parameter that changes the answer scopes it: a request with a
+	// smaller max_tokens, another temperature, stop sequence or tool choice
+	// must not be handed another's answer (by the cache or by coalescing).
+	fmt.Fprintf(&b, "max_tokens: %d\n", r.MaxTokens)
+	if r.Temperature != nil {
+		fmt.Fprintf(&b, "temperature: %g\n", *r.Temperature)
+	}
+	if len(r.StopSequences) > 0 {
+		fmt.Fprintf(&b, "stop: %q\n", r.StopSequences)
+	}
+	if r.ToolChoice != nil {
+		fmt.Fprintf(&b, "tool_choice: %+v\n", *r.ToolChoice)
+	}
 	for _, t := range r.Tools {
 		fmt.Fprintf(&b, "tool %s: %s %s\n", t.Name, t.Description, t.InputSchema)
 	}
@@ -155,27 +168,6 @@ func (c coalescer) Release(ctx context.Context, key, id string) error {
 		return fmt.Errorf("coalesce: release: %w", err)
 	}
 	return nil
-}
-
-// finisher runs after a request ends: history, then the coalescing
-// release (the answer is already cached, so the next identical request
-// hits).
-type finisher struct {
-	b  *Base
-	co coalescer
-}
-
-func (f finisher) Finished(ctx context.Context, rec *job.Record) {
-	cost := 0.0
-	if rec.State.Result != nil && rec.State.ServedRoute != nil {
-		cost = metrics.Cost(f.b.price(*rec.State.ServedRoute), rec.State.Result.Usage)
-	}
-	f.b.History.Finished(ctx, rec, cost)
-	if rec.Job.CacheKey != "" {
-		if err := f.co.Release(ctx, rec.Job.CacheKey, rec.Job.ID); err != nil {
-			f.b.Logger.Warn("coalesce: release", "request_id", rec.Job.ID, "err", err)
-		}
-	}
 }
 
 func (b *Base) price(r llm.Route) metrics.Price {

@@ -3,6 +3,7 @@ package service
 import (
 	"context"
 	"net/http"
+	"os"
 	"strings"
 
 	"github.com/go-redis/redis_rate/v10"
@@ -37,9 +38,9 @@ func (b *Base) API() (http.Handler, *progress.Hub) {
 		Routes: routes, Fallback: cfg.FallbackOf, MaxWait: cfg.Queue.MaxWait,
 		MaxPromptChars: cfg.Server.MaxPromptChars, MaxTokensLimit: cfg.Server.MaxTokensLimit,
 		DefaultMaxTokens: cfg.Server.DefaultMaxTokens, Layers: layers(cfg), DefaultLayer: cfg.Cache.DefaultLayer,
-		CacheEnabled: b.Cache != nil,
+		CacheEnabled: b.Cache != nil, AfterStore: b.afterStore(),
 	}, intake.Deps{
-		Jobs: b.Jobs, Queue: b.Queue, Breakers: b.Breakers, History: b.History, Cache: cacheDep,
+		Jobs: b.Jobs, Finisher: b.Finisher, Queue: b.Queue, Breakers: b.Breakers, History: b.History, Cache: cacheDep,
 		Coalescer: coalescer{rdb: b.Redis, prefix: cfg.Redis.Prefix}, Metrics: b.Metrics, Logger: b.Logger,
 		RateLimiter: tenantLimiter{l: redis_rate.NewLimiter(b.Redis), prefix: cfg.Redis.Prefix},
 	})
@@ -102,4 +103,28 @@ func NewModels(cfg *config.Config) Models {
 func (m Models) Resolve(model string) (llm.Route, bool) {
 	r, ok := m.m[model]
 	return r, ok
+}
+
+// FailpointEnv names the test-only failpoint: with the value
+// "intake-after-store" the API process exits right after storing a
+// request, before enqueueing it, as a crash there would (the fault tests
+// prove the orphan sweep then runs it).
+const FailpointEnv = "BULWARK_FAILPOINT"
+
+// afterStore is the test failpoint: Base.AfterStore, else the environment's.
+func (b *Base) afterStore() func(string) error {
+	if b.AfterStore != nil {
+		return b.AfterStore
+	}
+	return failpoint()
+}
+
+func failpoint() func(string) error {
+	if os.Getenv(FailpointEnv) != "intake-after-store" {
+		return nil
+	}
+	return func(string) error {
+		os.Exit(3)
+		return nil
+	}
 }

@@ -124,9 +124,15 @@ func (s *system) open() *service.Base {
 }
 
 // startAPI starts one API process and returns its base URL.
-func (s *system) startAPI() *apiProc {
+func (s *system) startAPI() *apiProc { return s.startAPIWith(nil) }
+
+// startAPIWith starts an API process after tune adjusts its Base.
+func (s *system) startAPIWith(tune func(*service.Base)) *apiProc {
 	s.t.Helper()
 	b := s.open()
+	if tune != nil {
+		tune(b)
+	}
 	h, hub := b.API()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -155,9 +161,11 @@ func (s *system) startWorker() func() {
 	if err := srv.Start(mux); err != nil {
 		s.t.Fatalf("worker: %v", err)
 	}
+	sweeper := b.Sweeper()
+	sweeper.Start(context.Background())
 	s.workers = append(s.workers, b)
 	var once sync.Once
-	stop := func() { once.Do(func() { srv.Shutdown(); b.Close() }) }
+	stop := func() { once.Do(func() { sweeper.Stop(); srv.Shutdown(); b.Close() }) }
 	s.t.Cleanup(stop)
 	return stop
 }

@@ -23,6 +23,7 @@ import (
 	"bulwark/pkg/cache"
 	"bulwark/pkg/config"
 	"bulwark/pkg/embed"
+	"bulwark/pkg/finish"
 	"bulwark/pkg/history"
 	"bulwark/pkg/job"
 	"bulwark/pkg/keypool"
@@ -44,10 +45,15 @@ type Base struct {
 	Slots    *slots.Limiter
 	Pool     *keypool.Pool
 	Breakers *breaker.Set
-	Registry *prometheus.Registry
-	Metrics  *metrics.Metrics
-	History  *history.Store
-	Notifier *alert.Notifier
+	// Finisher ends every request, whoever ends it.
+	Finisher *finish.Finisher
+	// AfterStore is a test failpoint between storing a request and
+	// enqueueing it (intake.Config.AfterStore); nil in production.
+	AfterStore func(id string) error
+	Registry   *prometheus.Registry
+	Metrics    *metrics.Metrics
+	History    *history.Store
+	Notifier   *alert.Notifier
 	// Cache is nil when the cache is disabled.
 	Cache *cache.Cache
 }
@@ -127,7 +133,9 @@ func Open(ctx context.Context, cfg *config.Config, logger *slog.Logger) (b *Base
 		return nil, fmt.Errorf("service: breakers: %w", err)
 	}
 	b.History = history.New(b.PG, logger, time.Minute)
-	b.History.OnError = func() { b.Metrics.CacheUnavailable.Inc() }
+	b.Finisher = finish.New(finish.Deps{Jobs: b.Jobs, History: b.History,
+		Claims: coalescer{rdb: b.Redis, prefix: p}, Metrics: b.Metrics, Price: b.price, Logger: logger})
+	b.History.OnError = func() { b.Metrics.HistoryErrors.Inc() }
 
 	if *cfg.Cache.Enabled {
 		emb, err := embed.New(embedConfig(cfg))

@@ -49,7 +49,7 @@ func (b *Base) Worker(clients map[llm.Provider]llm.Client) (*asynq.Server, *asyn
 		SlotRenew: cfg.Queue.SlotLease / 3,
 	}, dispatch.Deps{
 		Jobs: b.Jobs, Starts: b.Queue, Slots: b.Slots, Pool: b.Pool, Breakers: b.Breakers,
-		Finisher: finisher{b: b, co: coalescer{rdb: b.Redis, prefix: cfg.Redis.Prefix}}, Cache: ca,
+		Finisher: b.Finisher, Cache: ca,
 		Alerter: b, Metrics: b.Metrics, Logger: b.Logger,
 	})
 	srv := asynq.NewServerFromRedisClient(b.Redis, asynq.Config{
@@ -66,13 +66,7 @@ func (b *Base) Worker(clients map[llm.Provider]llm.Client) (*asynq.Server, *asyn
 	})
 	mux := asynq.NewServeMux()
 	mux.Handle(queue.TaskType, d)
-	var purger maintenance.CachePurger
-	if b.Cache != nil {
-		purger = b.Cache
-	}
-	maint := maintenance.New(maintenance.Deps{Cache: purger, Pool: b.Pool, Breakers: b.Breakers, Notifier: b.Notifier,
-		PG: b.PG, Redis: b.Redis, Prefix: cfg.Redis.Prefix, Report: cfg.Report, Language: cfg.Alerts.Language, Logger: b.Logger,
-		Jobs: b.Jobs, Queues: b.Queue})
+	maint := maintenance.New(b.maintenanceDeps())
 	maint.Register(mux)
 	return srv, mux
 }
@@ -141,4 +135,22 @@ func maxActive(cfg *config.Config) map[priority.Priority]int {
 		}
 	}
 	return out
+}
+
+// maintenanceDeps are the periodic jobs' and the sweeper's collaborators.
+func (b *Base) maintenanceDeps() maintenance.Deps {
+	var purger maintenance.CachePurger
+	if b.Cache != nil {
+		purger = b.Cache
+	}
+	cfg := b.Cfg
+	return maintenance.Deps{Cache: purger, Pool: b.Pool, Breakers: b.Breakers, Notifier: b.Notifier,
+		PG: b.PG, Redis: b.Redis, Prefix: cfg.Redis.Prefix, Report: cfg.Report, Language: cfg.Alerts.Language, Logger: b.Logger,
+		Jobs: b.Jobs, Queues: b.Queue, Finisher: b.Finisher}
+}
+
+// Sweeper builds the orphan sweep every worker runs (maintenance.Sweeper):
+// start it with Start(ctx), stop it with Stop.
+func (b *Base) Sweeper() *maintenance.Sweeper {
+	return maintenance.NewSweeper(b.maintenanceDeps(), b.Queue, b.Finisher, 0, 0)
 }

@@ -1,0 +1,213 @@
+package maintenance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"bulwark/pkg/finish"
+	"bulwark/pkg/job"
+	"bulwark/pkg/priority"
+)
+
+// Defaults of the orphan sweep.
+const (
+	// SweepEveryDefault is how often a worker sweeps.
+	SweepEveryDefault = 5 * time.Second
+	// OrphanAgeDefault is how old a live request must be before the sweep
+	// looks at it: longer than storing and enqueueing take.
+	OrphanAgeDefault = 10 * time.Second
+	// sweepBatch bounds the requests one sweep reads.
+	sweepBatch = 500
+)
+
+// LiveJobs is the part of the live store the sweep reads.
+type LiveJobs interface {
+	Get(ctx context.Context, id string) (*job.Record, error)
+	Apply(ctx context.Context, id string, c job.Change) (string, error)
+	Live(ctx context.Context, olderThan time.Time, limit int) ([]string, error)
+	Forget(ctx context.Context, id string) error
+}
+
+// Requeuer re-enqueues a request that has no task (queue.Queue).
+type Requeuer interface {
+	Requeue(ctx context.Context, id string, p priority.Priority) (requeued, archived bool, err error)
+}
+
+// Finisher ends requests (pkg/finish).
+type Finisher interface {
+	Finish(ctx context.Context, rec *job.Record, e finish.Ending) error
+}
+
+// Sweeper finds every accepted request that nothing will end on its own,
+// and ends or re-runs it, so that each reaches a terminal state:
+//
+//   - a record with no task (the API died between storing it and
+//     enqueueing it, or the enqueue was lost) is enqueued again;
+//   - a request whose task asynq archived after its retries fails with
+//     job.CodeLost;
+//   - a coalesced follower whose leader ended gets its own ending: the
+//     leader's answer, the leader's provider failure, or — when the leader
+//     ended for a reason of its own (cancelled, its deadline) — a call of
+//     its own;
+//   - a record that expired without ending leaves the live set.
+//
+// Every worker runs one; a Redis lock lets one sweep at a time.
+type Sweeper struct {
+	jobs     LiveJobs
+	queue    Requeuer
+	finisher Finisher
+	rdb      redis.Cmdable
+	lockKey  string
+	every    time.Duration
+	age      time.Duration
+	logger   loggerLike
+
+	stop chan struct{}
+	done chan struct{}
+}
+
+// loggerLike is the part of *slog.Logger the sweep uses.
+type loggerLike interface {
+	Info(msg string, args ...any)
+	Warn(msg string, args ...any)
+}
+
+// NewSweeper returns a sweeper; every and age of 0 take the defaults.
+func NewSweeper(d Deps, q Requeuer, f Finisher, every, age time.Duration) *Sweeper {
+	if every == 0 {
+		every = SweepEveryDefault
+	}
+	if age == 0 {
+		age = OrphanAgeDefault
+	}
+	jobs, _ := d.Jobs.(LiveJobs)
+	return &Sweeper{jobs: jobs, queue: q, finisher: f, rdb: d.Redis, lockKey: d.Prefix + "sweep:lock",
+		every: every, age: age, logger: d.Logger}
+}
+
+// Start runs the sweep every interval until Stop or ctx ends.
+func (s *Sweeper) Start(ctx context.Context) {
+	if s.jobs == nil || s.stop != nil {
+		return
+	}
+	s.stop, s.done = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(s.done)
+		t := time.NewTicker(s.every)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-s.stop:
+				return
+			case <-t.C:
+				if err := s.Sweep(ctx); err != nil {
+					s.logger.Warn("maintenance: sweep", "err", err)
+				}
+			}
+		}
+	}()
+}
+
+// Stop ends the loop and waits for it. Safe to call twice or before Start.
+func (s *Sweeper) Stop() {
+	if s.stop == nil {
+		return
+	}
+	select {
+	case <-s.stop:
+	default:
+		close(s.stop)
+	}
+	<-s.done
+}
+
+// Sweep runs one sweep unless another process holds the lock.
+func (s *Sweeper) Sweep(ctx context.Context) error {
+	ok, err := s.rdb.SetNX(ctx, s.lockKey, "1", s.every).Result()
+	if err != nil {
+		return fmt.Errorf("lock: %w", err)
+	}
+	if !ok {
+		return nil
+	}
+	ids, err := s.jobs.Live(ctx, time.Now().Add(-s.age), sweepBatch)
+	if err != nil {
+		return err
+	}
+	for _, id := range ids {
+		if err := s.one(ctx, id); err != nil {
+			s.logger.Warn("maintenance: sweep a request", "request_id", id, "err", err)
+		}
+	}
+	return nil
+}
+
+// one looks at one live request.
+func (s *Sweeper) one(ctx context.Context, id string) error {
+	rec, err := s.jobs.Get(ctx, id)
+	if errors.Is(err, job.ErrNotFound) {
+		return s.jobs.Forget(ctx, id)
+	}
+	if err != nil {
+		return err
+	}
+	if rec.Status.Terminal() {
+		return s.jobs.Forget(ctx, id)
+	}
+	if rec.State.CoalescedInto != "" {
+		return s.follow(ctx, rec)
+	}
+	requeued, archived, err := s.queue.Requeue(ctx, id, rec.Job.Priority)
+	switch {
+	case err != nil:
+		return err
+	case archived:
+		s.logger.Warn("maintenance: a request's task was archived after its retries; failing it", "request_id", id)
+		return s.end(ctx, rec, finish.Failed(rec.State, job.CodeLost, "lost: its task was archived after its retries"))
+	case requeued:
+		s.logger.Warn("maintenance: a request had no task (a crash between storing and enqueueing it?); enqueued it again",
+			"request_id", id)
+	}
+	return nil
+}
+
+// follow ends a coalesced follower once its leader has ended.
+func (s *Sweeper) follow(ctx context.Context, rec *job.Record) error {
+	leader, err := s.jobs.Get(ctx, rec.State.CoalescedInto)
+	if err != nil && !errors.Is(err, job.ErrNotFound) {
+		return err
+	}
+	if err == nil && !leader.Status.Terminal() {
+		return nil
+	}
+	switch {
+	case err == nil && leader.Status == job.StatusCompleted && leader.State.Result != nil:
+		st := leader.State
+		st.Cached, st.CoalescedInto, st.KeyID, st.FinishedAt = "coalesced", leader.Job.ID, "", time.Time{}
+		return s.end(ctx, rec, finish.Completed(st))
+	case err == nil && leader.Status == job.StatusFailed && leader.SharedEnding():
+		return s.end(ctx, rec, finish.Failed(rec.State, leader.Code, leader.Reason))
+	}
+	// The leader ended for a reason of its own (cancelled, its deadline,
+	// lost) or is gone: the follower gets a call of its own.
+	st := rec.State
+	st.CoalescedInto, st.Cached = "", ""
+	if _, err := s.jobs.Apply(ctx, rec.Job.ID, job.Change{State: &st}); err != nil {
+		return err
+	}
+	_, _, err = s.queue.Requeue(ctx, rec.Job.ID, rec.Job.Priority)
+	return err
+}
+
+func (s *Sweeper) end(ctx context.Context, rec *job.Record, e finish.Ending) error {
+	if err := s.finisher.Finish(ctx, rec, e); err != nil && !errors.Is(err, finish.ErrEnded) {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,99 @@
+package service_test
+
+import (
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	"bulwark/pkg/mockprovider"
+	"bulwark/pkg/service"
+)
+
+// An API that dies between storing a request and enqueueing it (the
+// failpoint) leaves a record with no task. The orphan sweep every worker
+// runs finds it and enqueues it: the request completes, and the caller's
+// Idempotency-Key retry gets the same request, not a zombie.
+func TestOrphanedRequestIsRun(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{extraYML: "cache: {enabled: false}"})
+	crashing := s.startAPIWith(func(b *service.Base) {
+		b.AfterStore = func(string) error { return errors.New("failpoint: the API dies here") }
+	})
+	api := s.startAPI()
+	s.startWorker()
+
+	code, out, _ := call(t, "POST", crashing.ts.URL+"/v1/requests", devToken, ask("orphaned by a crash"), "Idempotency-Key", "orphan-1")
+	if code < 500 {
+		t.Fatalf("the crashing API answered %d %v", code, out)
+	}
+	code, out, _ = call(t, "POST", api.ts.URL+"/v1/requests", devToken, ask("orphaned by a crash"), "Idempotency-Key", "orphan-1")
+	if code != http.StatusAccepted && code != http.StatusOK {
+		t.Fatalf("the retry: %d %v", code, out)
+	}
+	id := out["id"].(string)
+	// The sweep looks at requests older than 10 s, every 5 s.
+	done := api.waitStatus(t, id, 40*time.Second, "completed", "failed")
+	res, _ := done["result"].(map[string]any)
+	if done["status"] != "completed" || res["content"] != mockprovider.Reply("orphaned by a crash") {
+		t.Fatalf("orphaned request: %v", done)
+	}
+}
+
+// A request coalesced into another keeps a life of its own: when the
+// request it joined is cancelled by its caller, the follower is not
+// cancelled with it; it gets a call of its own and completes.
+func TestFollowerOutlivesCancelledLeader(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{mock: mockprovider.Config{Latency: 2 * time.Second}})
+	api := s.startAPI()
+	s.startWorker()
+
+	leader := api.submit(t, ask("one question, two callers"))
+	code, out, _ := call(t, "POST", api.ts.URL+"/v1/requests", devToken, ask("one question, two callers"))
+	if code != http.StatusAccepted || out["coalesced"] != true {
+		t.Fatalf("the second identical request was not coalesced: %d %v", code, out)
+	}
+	follower := out["id"].(string)
+	ch, _ := stream(t, api.ts.URL+"/v1/requests/"+follower+"/events", devToken, "")
+
+	if code, out, _ := call(t, "DELETE", api.ts.URL+"/v1/requests/"+leader, devToken, nil); code != http.StatusOK {
+		t.Fatalf("cancel the leader: %d %v", code, out)
+	}
+	if got := api.waitStatus(t, leader, 5*time.Second, "cancelled"); got["status"] != "cancelled" {
+		t.Fatalf("leader: %v", got)
+	}
+	// The follower's stream does not end with the leader's cancellation.
+	ev := next(t, ch, 45*time.Second, "completed", "failed", "cancelled")
+	if ev.Type != "completed" {
+		t.Fatalf("follower stream ended %s %v", ev.Type, ev.Data)
+	}
+	done := api.waitStatus(t, follower, 10*time.Second, "completed", "failed", "cancelled")
+	res, _ := done["result"].(map[string]any)
+	if done["status"] != "completed" || res["content"] != mockprovider.Reply("one question, two callers") {
+		t.Fatalf("follower: %v", done)
+	}
+}
+
+// Requests that differ in a parameter that changes the answer are never
+// coalesced nor answered from each other's cache entry.
+func TestCoalescingKeyCoversParameters(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{mock: mockprovider.Config{Latency: time.Second}})
+	api := s.startAPI()
+	s.startWorker()
+
+	base := ask("same words, other limits")
+	short := ask("same words, other limits")
+	short["max_tokens"] = 3
+	api.submit(t, base)
+	code, out, _ := call(t, "POST", api.ts.URL+"/v1/requests", devToken, short)
+	if code != http.StatusAccepted || out["coalesced"] == true {
+		t.Fatalf("a request with another max_tokens was coalesced: %d %v", code, out)
+	}
+	done := api.waitStatus(t, out["id"].(string), 30*time.Second, "completed", "failed")
+	res, _ := done["result"].(map[string]any)
+	if done["status"] != "completed" || res["stop_reason"] != "max_tokens" {
+		t.Fatalf("the short request got %v, want its own answer cut at max_tokens", done)
+	}
+}
