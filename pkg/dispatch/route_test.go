@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"testing"
+	"time"
 
 	"bulwark/pkg/breaker"
+	"bulwark/pkg/job"
 	"bulwark/pkg/keypool"
 	"bulwark/pkg/llm"
 )
@@ -60,5 +63,26 @@ func TestUnclassifiedIsTransient(t *testing.T) {
 		if c := consequenceOf(err); c != consequences[llm.ClassTransient] {
 			t.Fatalf("consequenceOf(%v) = %+v, want the transient row", err, c)
 		}
+	}
+}
+
+// halfOpen is a Breakers whose every breaker is half-open with its probe
+// out for as long as the longest call.
+type halfOpen struct{}
+
+func (halfOpen) Allow(_ context.Context, name string) (*breaker.Permit, error) {
+	return nil, &breaker.OpenError{Name: name, State: breaker.StateHalfOpen, RetryAfter: 150 * time.Second}
+}
+
+// While a route is half-open, a request re-checks within a few seconds
+// (the probe usually reports within one call), not after the probe's
+// lease; an open route is waited out to its half-open time.
+func TestHalfOpenRouteIsRecheckedSoon(t *testing.T) {
+	t.Parallel()
+	d := New(Config{ModelName: func(llm.Route) string { return "m" }}, Deps{Breakers: halfOpen{}})
+	rec := &job.Record{Job: job.Job{ID: "r", Route: llm.Route{Provider: llm.ProviderClaude, Tier: "sonnet"}}}
+	out, rr := d.callRoute(context.Background(), rec, rec.Job.Route, slog.New(slog.DiscardHandler))
+	if rr != routeExhausted || !out.refused || out.retryAfter > halfOpenRecheck {
+		t.Fatalf("half-open route: result %d, outcome %+v; want exhausted, refused, retry within %s", rr, out, halfOpenRecheck)
 	}
 }
