@@ -20,7 +20,7 @@ func main() {
 	defer b.Close()
 
 	handler, hub := b.API()
-	srv := &http.Server{Addr: b.Cfg.Server.Listen, Handler: handler}
+	srv := b.HTTPServer(b.Cfg.Server.Listen, handler)
 	hubCtx, stopHub := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = hub.Run(hubCtx) })

@@ -21,7 +21,7 @@ func main() {
 	srv, mux := b.Worker(b.Clients())
 	var metricsSrv *http.Server
 	if addr := b.Cfg.Worker.MetricsListen; addr != "off" {
-		metricsSrv = &http.Server{Addr: addr, Handler: b.MetricsHandler()}
+		metricsSrv = b.HTTPServer(addr, b.MetricsHandler())
 		go func() {
 			if err := metricsSrv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				b.Logger.Error("metrics server", "err", err)

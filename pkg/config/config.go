@@ -78,6 +78,23 @@ type Server struct {
 	ResultTTL time.Duration `yaml:"result_ttl"`
 	// ShutdownTimeout bounds the graceful HTTP shutdown. Default 10s.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+	// ReadHeaderTimeout bounds reading a request's headers (a slowloris
+	// client is cut after it). Default 5s.
+	ReadHeaderTimeout time.Duration `yaml:"read_header_timeout"`
+	// ReadTimeout bounds reading a whole request, body included.
+	// Default 30s.
+	ReadTimeout time.Duration `yaml:"read_timeout"`
+	// IdleTimeout closes an idle keep-alive connection. Default 120s.
+	IdleTimeout time.Duration `yaml:"idle_timeout"`
+	// MaxHeaderBytes caps a request's headers. Default 64 KiB.
+	MaxHeaderBytes int `yaml:"max_header_bytes"`
+	// WriteTimeout bounds each write of an answer or an SSE event: a
+	// client that stops reading is cut after it (streams and synchronous
+	// waits are long, so there is no whole-response deadline). Default 30s.
+	WriteTimeout time.Duration `yaml:"write_timeout"`
+	// StreamMaxLifetime ends an SSE stream after this long; the client
+	// reconnects with Last-Event-ID and misses nothing. Default 15m.
+	StreamMaxLifetime time.Duration `yaml:"stream_max_lifetime"`
 }
 
 // Redis locates the Redis server.

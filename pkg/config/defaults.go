@@ -16,6 +16,12 @@ const (
 	SyncTimeoutDefault              = 60 * time.Second
 	ResultTTLDefault                = 24 * time.Hour
 	ServerShutdownTimeoutDefault    = 10 * time.Second
+	ReadHeaderTimeoutDefault        = 5 * time.Second
+	ReadTimeoutDefault              = 30 * time.Second
+	IdleTimeoutDefault              = 120 * time.Second
+	MaxHeaderBytesDefault           = 64 << 10
+	WriteTimeoutDefault             = 30 * time.Second
+	StreamMaxLifetimeDefault        = 15 * time.Minute
 	RedisAddrDefault                = "127.0.0.1:16379"
 	RedisPrefixDefault              = "bulwark:"
 	PGMaxConnsDefault               = 10
@@ -73,6 +79,12 @@ func (c *Config) setDefaults() {
 	orDefault(&s.SyncTimeout, SyncTimeoutDefault)
 	orDefault(&s.ResultTTL, ResultTTLDefault)
 	orDefault(&s.ShutdownTimeout, ServerShutdownTimeoutDefault)
+	orDefault(&s.ReadHeaderTimeout, ReadHeaderTimeoutDefault)
+	orDefault(&s.ReadTimeout, ReadTimeoutDefault)
+	orDefault(&s.IdleTimeout, IdleTimeoutDefault)
+	orDefault(&s.MaxHeaderBytes, MaxHeaderBytesDefault)
+	orDefault(&s.WriteTimeout, WriteTimeoutDefault)
+	orDefault(&s.StreamMaxLifetime, StreamMaxLifetimeDefault)
 
 	orDefault(&c.Redis.Addr, RedisAddrDefault)
 	orDefault(&c.Redis.Prefix, RedisPrefixDefault)

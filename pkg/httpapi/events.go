@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -15,8 +16,19 @@ import (
 // events streams a request's events as Server-Sent Events. Stored events
 // carry their stream id as the SSE id, so a client that reconnects with
 // Last-Event-ID gets exactly what it missed; position updates carry no id.
-// The stream ends after the terminal event.
+// The stream ends after the terminal event (a finished request's stream
+// sends it at once), after StreamMaxLifetime (the client reconnects), or
+// when a write to a client that stopped reading passes WriteTimeout.
 func (s *Server) events(c *gin.Context) {
+	last := c.GetHeader("Last-Event-ID")
+	if last == "" {
+		last = c.Query("last_event_id")
+	}
+	if last != "" && !job.ValidEventID(last, time.Now()) {
+		apiError(c, http.StatusBadRequest, "invalid_last_event_id", "Last-Event-ID",
+			"Last-Event-ID must be an event id this stream sent (\"<ms>-<seq>\", not in the future)")
+		return
+	}
 	own, rec, ok := s.lookup(c)
 	if c.IsAborted() {
 		return
@@ -25,7 +37,8 @@ func (s *Server) events(c *gin.Context) {
 		apiError(c, http.StatusNotFound, "not_found", "id", "no request "+c.Param("id"))
 		return
 	}
-	ctx := c.Request.Context()
+	ctx, cancel := context.WithTimeout(c.Request.Context(), s.cfg.StreamMaxLifetime)
+	defer cancel()
 	lang := progress.Lang(c.GetHeader("Accept-Language"))
 	follow := rec.Job.ID // the request whose events we stream (the leader, if coalesced)
 	sub := s.d.Hub.Subscribe(follow, lang)
@@ -44,11 +57,9 @@ func (s *Server) events(c *gin.Context) {
 	h.Set("Connection", "keep-alive")
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
+	rc := http.NewResponseController(w)
+	deadline := func() { _ = rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout)) }
 
-	last := c.GetHeader("Last-Event-ID")
-	if last == "" {
-		last = c.Query("last_event_id")
-	}
 	detached := false // the leader ended for a reason of its own: follow our own events
 	write := func(ev job.Event) bool {
 		if own != rec && !detached && terminal(ev.Type) && ev.RequestID != own.Job.ID && !ev.SharedEnding() {
@@ -56,6 +67,7 @@ func (s *Server) events(c *gin.Context) {
 			return false
 		}
 		ev.RequestID = own.Job.ID
+		deadline()
 		if err := writeSSE(w, ev); err != nil {
 			return true
 		}
@@ -83,6 +95,15 @@ func (s *Server) events(c *gin.Context) {
 	}
 	if replay() {
 		return
+	}
+	if !detached {
+		// A request that has already ended, whose terminal event the
+		// client saw before reconnecting: say so again and close, rather
+		// than sending keep-alives forever.
+		if end, ok := s.ended(ctx, own, rec); ok {
+			write(end)
+			return
+		}
 	}
 	if rec.Status == job.StatusQueued {
 		if sp, err := s.d.Queue.SpotOf(ctx, follow); err == nil && sp.Position > 0 {
@@ -116,12 +137,32 @@ func (s *Server) events(c *gin.Context) {
 				return
 			}
 		case <-keep.C:
+			deadline()
 			if _, err := fmt.Fprint(w, ": keepalive\n\n"); err != nil {
 				return
 			}
 			w.Flush()
 		}
 	}
+}
+
+// ended returns the terminal event of a request that has ended: own's
+// (cancelled) or the effective record's (the leader's shared ending).
+func (s *Server) ended(ctx context.Context, own, rec *job.Record) (job.Event, bool) {
+	r, err := s.d.Jobs.Get(ctx, rec.Job.ID)
+	if err != nil || !r.Status.Terminal() || (own != rec && !r.SharedEnding()) {
+		return job.Event{}, false
+	}
+	ev := job.Event{Status: r.Status, At: time.Now(), Code: r.Code, Error: r.Reason}
+	switch r.Status {
+	case job.StatusCompleted:
+		ev.Type, ev.Result, ev.Error = job.EventCompleted, job.ResultOf(r.State), ""
+	case job.StatusCancelled:
+		ev.Type = job.EventCancelled
+	default:
+		ev.Type = job.EventFailed
+	}
+	return ev, true
 }
 
 func terminal(t job.EventType) bool {

@@ -89,6 +89,12 @@ type Config struct {
 	SyncTimeout time.Duration
 	// KeepAlive of SSE streams (comment lines). Default 15s.
 	KeepAlive time.Duration
+	// WriteTimeout bounds each write of an SSE event or keep-alive: a
+	// client that stops reading is cut after it. Default 30s.
+	WriteTimeout time.Duration
+	// StreamMaxLifetime ends an SSE stream after this long (the client
+	// reconnects with Last-Event-ID). Default 15m.
+	StreamMaxLifetime time.Duration
 }
 
 // Deps are the server's collaborators. Optional ones may be nil.
@@ -119,6 +125,12 @@ type Server struct {
 func New(cfg Config, d Deps) http.Handler {
 	if cfg.KeepAlive == 0 {
 		cfg.KeepAlive = 15 * time.Second
+	}
+	if cfg.WriteTimeout == 0 {
+		cfg.WriteTimeout = 30 * time.Second
+	}
+	if cfg.StreamMaxLifetime == 0 {
+		cfg.StreamMaxLifetime = 15 * time.Minute
 	}
 	if cfg.MaxBodyBytes == 0 {
 		cfg.MaxBodyBytes = 1 << 20

@@ -261,6 +261,19 @@ func pair(res []any) (int64, string, error) {
 	return n, s, nil
 }
 
+// ValidEventID reports whether id has the shape of a stream id ("ms-seq")
+// and is not from the future: a client's Last-Event-ID must be one the
+// server sent, or the replay and the live events would be skipped.
+func ValidEventID(id string, now time.Time) bool {
+	ms, seq, ok := strings.Cut(id, "-")
+	if !ok || ms == "" || seq == "" {
+		return false
+	}
+	m, err1 := strconv.ParseUint(ms, 10, 64)
+	_, err2 := strconv.ParseUint(seq, 10, 64)
+	return err1 == nil && err2 == nil && m <= uint64(now.Add(time.Minute).UnixMilli())
+}
+
 // CompareIDs orders two stream ids ("ms-seq"): -1, 0 or 1.
 func CompareIDs(a, b string) int {
 	am, as := splitID(a)

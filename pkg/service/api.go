@@ -49,7 +49,7 @@ func (b *Base) API() (http.Handler, *progress.Hub) {
 		RedisConnOpt: asynq.RedisClientOpt{Addr: cfg.Redis.Addr, DB: cfg.Redis.DB, Password: cfg.Redis.Password.Reveal()}})
 	h := httpapi.New(httpapi.Config{
 		Tenants: tenants(cfg), AdminToken: cfg.Server.AdminToken, MaxBodyBytes: cfg.Server.MaxBodyBytes,
-		SyncTimeout: cfg.Server.SyncTimeout,
+		SyncTimeout: cfg.Server.SyncTimeout, WriteTimeout: cfg.Server.WriteTimeout, StreamMaxLifetime: cfg.Server.StreamMaxLifetime,
 	}, httpapi.Deps{
 		Intake: in, Jobs: b.Jobs, Queue: b.Queue, Hub: hub, History: b.History,
 		Keys: keyAdmin{b}, Breakers: b.Breakers, Cache: cacheAdmin, Reporter: reporter{b},

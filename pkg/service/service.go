@@ -258,3 +258,13 @@ func alertConfig(cfg *config.Config) alert.Config {
 	return alert.Config{WeCom: conv(cfg.Alerts.WeCom), DingTalk: conv(cfg.Alerts.DingTalk), Generic: conv(cfg.Alerts.Generic),
 		Throttle: cfg.Alerts.Throttle, Prefix: cfg.Redis.Prefix, Language: cfg.Alerts.Language}
 }
+
+// HTTPServer returns a server for addr with the listener limits of
+// config.Server (header and read timeouts, idle timeout, header size), so
+// that no listener of a Bulwark process can be held by a slow client.
+func (b *Base) HTTPServer(addr string, h http.Handler) *http.Server {
+	s := b.Cfg.Server
+	return &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: s.ReadHeaderTimeout, ReadTimeout: s.ReadTimeout,
+		IdleTimeout: s.IdleTimeout, MaxHeaderBytes: s.MaxHeaderBytes,
+		ErrorLog: slog.NewLogLogger(b.Logger.Handler(), slog.LevelWarn)}
+}
