@@ -15,6 +15,9 @@ import (
 
 var secretZero secret.String
 
+// tenantName is the shape of a tenant name.
+var tenantName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,63}$`)
+
 // validate checks every rule and joins the failures; each names its field.
 func (c *Config) validate() error {
 	var errs []error
@@ -193,8 +196,10 @@ func (c *Config) validate() error {
 	hashes := map[string]bool{}
 	for i, t := range c.Tenants {
 		field := fmt.Sprintf("tenants[%d]", i)
-		if t.Name == "" {
-			add(field+".name", "is required")
+		if !tenantName.MatchString(t.Name) {
+			// The name is part of Redis keys (idempotency, limits): a colon
+			// would let tenant "fleet" with key "eu:K" read tenant "fleet:eu"'s.
+			add(field+".name", "must be 1-64 of a-z, 0-9, _ and - (starting with a letter or digit), got %q", t.Name)
 		} else if names[t.Name] {
 			add(field+".name", "duplicate tenant %q", t.Name)
 		}
@@ -205,6 +210,9 @@ func (c *Config) validate() error {
 			add(field+".token", "the same token is used by another tenant")
 		}
 		hashes[t.TokenSHA256] = true
+		if !c.Server.AdminToken.IsZero() && strings.EqualFold(c.Server.AdminToken.SHA256(), t.TokenSHA256) {
+			add(field+".token", "must differ from server.admin_token")
+		}
 		if t.DefaultPriority < t.MaxPriority {
 			add(field+".default_priority", "is more urgent than max_priority")
 		}

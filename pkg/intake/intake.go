@@ -85,6 +85,8 @@ type Queue interface {
 // Jobs is the live request store.
 type Jobs interface {
 	Create(ctx context.Context, j *job.Job, ev job.Event, idemKey string) (string, bool, error)
+	// Idempotent returns the request tenant submitted with idemKey, or "".
+	Idempotent(ctx context.Context, tenant, idemKey string) (string, error)
 	Apply(ctx context.Context, id string, c job.Change) (string, error)
 	Get(ctx context.Context, id string) (*job.Record, error)
 }
@@ -215,6 +217,17 @@ func (in *Intake) Submit(ctx context.Context, t Tenant, s Submission) (*Accepted
 	j, err := in.build(t, s)
 	if err != nil {
 		return nil, err
+	}
+	// A retry of a request already accepted gets that request back first:
+	// neither the rate limit nor a full queue may turn it into a 429.
+	if s.IdempotencyKey != "" {
+		id, err := in.jobs.Idempotent(ctx, t.Name, s.IdempotencyKey)
+		if err != nil {
+			return nil, err
+		}
+		if id != "" {
+			return in.existing(ctx, id, s.Lang)
+		}
 	}
 	if in.limiter != nil && t.RateLimitRPM > 0 {
 		ok, after, err := in.limiter.Allow(ctx, t.Name, t.RateLimitRPM)

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"bulwark/pkg/job"
@@ -40,6 +41,12 @@ func invalid(field, format string, args ...any) *InputError {
 }
 
 // build validates a submission and turns it into a job.
+// nul refuses a NUL byte: PostgreSQL text cannot hold one, so the history
+// row and the cache entry of such a request would fail to be written.
+func nul(field string) *InputError {
+	return invalid(field, "must not contain a NUL character (\\u0000)")
+}
+
 func (in *Intake) build(t Tenant, s Submission) (*job.Job, error) {
 	if !in.cfg.Routes[s.Route] {
 		return nil, &InputError{Status: http.StatusNotFound, Code: "unknown_model", Field: "model_tier",
@@ -50,6 +57,9 @@ func (in *Intake) build(t Tenant, s Submission) (*job.Job, error) {
 		return nil, invalid("messages", "at least one message is required")
 	}
 	chars := len(req.System)
+	if strings.ContainsRune(req.System, 0) {
+		return nil, nul("system")
+	}
 	for i, m := range req.Messages {
 		if m.Role != llm.RoleUser && m.Role != llm.RoleAssistant {
 			return nil, invalid(fmt.Sprintf("messages[%d].role", i), "must be user or assistant, not %q", m.Role)
@@ -57,8 +67,16 @@ func (in *Intake) build(t Tenant, s Submission) (*job.Job, error) {
 		if len(m.Content) == 0 {
 			return nil, invalid(fmt.Sprintf("messages[%d].content", i), "must not be empty")
 		}
-		for _, b := range m.Content {
+		for k, b := range m.Content {
 			chars += len(b.Text) + len(b.Input)
+			switch b.Type {
+			case llm.BlockText, llm.BlockToolUse, llm.BlockToolResult:
+			default:
+				return nil, invalid(fmt.Sprintf("messages[%d].content[%d].type", i, k), "must be text, tool_use or tool_result, not %q", b.Type)
+			}
+			if strings.ContainsRune(b.Text, 0) || strings.ContainsRune(string(b.Input), 0) || strings.Contains(string(b.Input), `\u0000`) {
+				return nil, nul(fmt.Sprintf("messages[%d].content[%d]", i, k))
+			}
 		}
 	}
 	if req.Messages[len(req.Messages)-1].Role != llm.RoleUser {

@@ -321,3 +321,16 @@ func (s *Store) Forget(ctx context.Context, id string) error {
 	}
 	return nil
 }
+
+// Idempotent returns the id of the request tenant already submitted with
+// idemKey, or "" when there is none.
+func (s *Store) Idempotent(ctx context.Context, tenant, idemKey string) (string, error) {
+	id, err := s.rdb.Get(ctx, s.idemKey(tenant, idemKey)).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("job: idempotency key: %w", err)
+	}
+	return id, nil
+}

@@ -87,3 +87,45 @@ func TestListenerCutsSlowHeaders(t *testing.T) {
 		t.Fatalf("half a header held the connection for %s (err %v)", time.Since(start), err)
 	}
 }
+
+// A retry with the Idempotency-Key of a request already accepted gets that
+// request back, even when the tenant's rate limit would refuse a new one.
+func TestIdempotentRetryBeforeRateLimit(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{extraYML: "cache: {enabled: false}",
+		tenantYML: `{name: slow, token: "slow-token", max_priority: critical, rate_limit_rpm: 1}`})
+	api := s.startAPI()
+	code, first, _ := call(t, "POST", api.ts.URL+"/v1/requests", "slow-token", ask("retry me"), "Idempotency-Key", "r-1")
+	if code != http.StatusAccepted {
+		t.Fatalf("first: %d %v", code, first)
+	}
+	if code, out, _ := call(t, "POST", api.ts.URL+"/v1/requests", "slow-token", ask("another"), "Idempotency-Key", "r-2"); code != http.StatusTooManyRequests {
+		t.Fatalf("a new request past the limit: %d %v, want 429", code, out)
+	}
+	code, again, _ := call(t, "POST", api.ts.URL+"/v1/requests", "slow-token", ask("retry me"), "Idempotency-Key", "r-1")
+	if code/100 != 2 || again["id"] != first["id"] {
+		t.Fatalf("the retry: %d %v, want the first request %v", code, again, first["id"])
+	}
+}
+
+// Input that PostgreSQL or the worker could not take later is refused at
+// the door with 422 and a field: a NUL character (history and cache rows
+// would fail to be written), an unknown content block type.
+func TestRefusedAtTheDoor(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{})
+	api := s.startAPI()
+	nulText := map[string]any{"provider": "claude", "model_tier": "sonnet",
+		"messages": []map[string]any{{"role": "user", "content": "a\x00b"}}}
+	badBlock := map[string]any{"provider": "claude", "model_tier": "sonnet",
+		"messages": []map[string]any{{"role": "user", "content": []map[string]any{{"type": "image", "text": "x"}}}}}
+	nulSystem := ask("fine")
+	nulSystem["system"] = "sys\x00"
+	for name, body := range map[string]map[string]any{"nul in text": nulText, "unknown block": badBlock, "nul in system": nulSystem} {
+		code, out, _ := call(t, "POST", api.ts.URL+"/v1/requests", devToken, body)
+		e, _ := out["error"].(map[string]any)
+		if code != http.StatusUnprocessableEntity || e["field"] == "" || e["field"] == nil {
+			t.Errorf("%s: %d %v, want 422 naming the field", name, code, out)
+		}
+	}
+}

@@ -56,6 +56,8 @@ type opts struct {
 	mock     mockprovider.Config
 	extraYML string // appended to the generated config
 	keysYML  string // replaces the default keys section
+	// tenantYML is one more tenant entry (a YAML flow mapping).
+	tenantYML string
 }
 
 const defaultKeys = `
@@ -101,7 +103,8 @@ tenants:
   - {name: demo, token: %q, max_priority: critical}
   - {name: other, token: "other-token", max_priority: critical}
 %s
-%s`, adminToken, s.redis.Addr, s.redis.DB, s.pgDSN, s.mockTS.URL, s.mockTS.URL, devToken, keys, o.extraYML)
+%s
+%s`, adminToken, s.redis.Addr, s.redis.DB, s.pgDSN, s.mockTS.URL, s.mockTS.URL, devToken, tenantLine(o.tenantYML), keys, o.extraYML)
 	s.doc = doc
 	s.cfg, err = config.Parse([]byte(doc), func(string) (string, bool) { return "", false })
 	if err != nil {
@@ -336,3 +339,10 @@ func (s *syncBuffer) String() string {
 }
 
 func stringsContains(s, sub string) bool { return strings.Contains(s, sub) }
+
+func tenantLine(yml string) string {
+	if yml == "" {
+		return ""
+	}
+	return "  - " + yml
+}
