@@ -88,6 +88,7 @@ func Open(ctx context.Context, cfg *config.Config, logger *slog.Logger) (b *Base
 	if err := b.Redis.Ping(pctx).Err(); err != nil {
 		return nil, fmt.Errorf("service: redis at %s: %w", cfg.Redis.Addr, err)
 	}
+	checkRedis(pctx, b.Redis, logger)
 
 	cacheCfg := cacheConfig(cfg)
 	b.PG, err = pgdb.Open(ctx, pgdb.Config{DSN: cfg.Postgres.DSN.Reveal(), MaxConns: cfg.Postgres.MaxConns,
@@ -267,4 +268,28 @@ func (b *Base) HTTPServer(addr string, h http.Handler) *http.Server {
 	return &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: s.ReadHeaderTimeout, ReadTimeout: s.ReadTimeout,
 		IdleTimeout: s.IdleTimeout, MaxHeaderBytes: s.MaxHeaderBytes,
 		ErrorLog: slog.NewLogLogger(b.Logger.Handler(), slog.LevelWarn)}
+}
+
+// checkRedis warns about a Redis that can lose accepted requests: one that
+// evicts keys under memory pressure (queues, records, key state vanish) or
+// persists nothing (a restart empties it). A server that refuses CONFIG
+// (some managed services) is not checked.
+func checkRedis(ctx context.Context, rdb *redis.Client, logger *slog.Logger) {
+	get := func(name string) (string, bool) {
+		v, err := rdb.ConfigGet(ctx, name).Result()
+		if err != nil {
+			return "", false
+		}
+		s, ok := v[name]
+		return s, ok
+	}
+	if p, ok := get("maxmemory-policy"); ok && p != "noeviction" {
+		logger.Warn("redis: maxmemory-policy evicts keys; accepted requests and key state can vanish under memory pressure: set maxmemory-policy noeviction",
+			"maxmemory-policy", p)
+	}
+	aof, ok1 := get("appendonly")
+	save, ok2 := get("save")
+	if ok1 && ok2 && aof != "yes" && save == "" {
+		logger.Warn("redis: no persistence (appendonly no, save \"\"); a restart loses every queued request: set appendonly yes")
+	}
 }
