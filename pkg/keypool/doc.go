@@ -122,7 +122,7 @@
 //     (a level above 0 drops to 0; a debt of reservations stays), since the
 //     provider says it is empty. And its back-off factor f drops 10%, to
 //     0.5 at most: a key that gets 429s although the pool paced it meters
-//     tighter than configured. Each Success adds 0.02 back to f, up to 1
+//     tighter than configured. Each Success adds 0.01 back to f, up to 1
 //     (additive increase, multiplicative decrease). The reservation stays
 //     spent: the provider counted the call.
 //   - Disable (quota, auth): the key is out, with the reason, until Enable;

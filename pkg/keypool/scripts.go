@@ -272,8 +272,10 @@ local lowered = math.max(lr, lt)
 local op = ARGV[4]
 if op == 'ok' then
   s.n = 0
-  -- Additive increase after a multiplicative decrease (below).
-  s.f = math.min(1, s.f + 0.02)
+  -- Additive increase after a multiplicative decrease (below): slow, so
+  -- that a key whose calls reach the provider with more jitter than the
+  -- pace absorbs settles at a rate that absorbs it.
+  s.f = math.min(1, s.f + 0.01)
 elseif op == 'cool' then
   -- The provider says the key is empty now, whatever our model thought.
   if s.rl > 0 then s.rl = 0; lowered = 1 end

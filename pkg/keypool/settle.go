@@ -30,7 +30,7 @@ const (
 	// Cool: a 429. The key cools for min(CooldownBase·2^n, CooldownMax),
 	// never less than the provider's Retry-After; its request bucket is
 	// emptied (the provider says it is empty) and its pace slowed 10% (at
-	// most to half; each success gives back 2%). The reservation stays
+	// most to half; each success gives back 1%). The reservation stays
 	// spent. A 429 on a lease granted before the key's last escalation
 	// does not escalate again: it is the same overload seen by a call
 	// already in flight, and only extends the cooldown to its Retry-After.
