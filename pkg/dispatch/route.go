@@ -27,10 +27,11 @@ const (
 // consequence is everything one failure class causes, said once.
 type consequence struct {
 	// breaker is reported to the route's breaker. Only the provider
-	// refusing the route counts: 429s (three in a row with no success
-	// between, which a paced pool does not produce unless the provider
-	// really refuses), overload and a missing model. 5xx and timeouts are
-	// noise a retry absorbs; they never open a breaker.
+	// refusing the route counts: overload, a missing model, and a 429 on a
+	// key the provider refuses again after its cooldown (see failed: a
+	// first 429 on a paced key is arrival jitter, information about that
+	// key). 5xx and timeouts are noise a retry absorbs; they never open a
+	// breaker.
 	breaker breaker.Outcome
 	// key is done to the key that failed (keypool.Action).
 	key keypool.Action
@@ -305,7 +306,14 @@ func (d *Dispatcher) failed(ctx context.Context, rec *job.Record, r llm.Route, l
 	if ferr := d.pool.Failure(ctx, lease, c.key, err); ferr != nil {
 		log.Warn("dispatch: record key failure", "key_id", lease.KeyID, "err", ferr)
 	}
-	_ = permit.DoneReason(ctx, c.breaker, fmt.Sprintf("%s from %s", class, lease.KeyID))
+	outcome := c.breaker
+	if c.key == keypool.Cool && lease.Consecutive429s() < 2 {
+		// A first 429 on a key the pool paced: its call reached the
+		// provider a little early or its bucket is a little smaller than
+		// configured. The key cools and slows; the route is not refused.
+		outcome = breaker.Ignore
+	}
+	_ = permit.DoneReason(ctx, outcome, fmt.Sprintf("%s from %s", class, lease.KeyID))
 	switch c.key {
 	case keypool.Cool:
 		d.metrics.KeyCooldowns.WithLabelValues(lease.KeyID).Inc()

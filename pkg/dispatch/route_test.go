@@ -26,8 +26,9 @@ func TestConsequences(t *testing.T) {
 		next    step
 		event   bool
 	}{
-		// A 429 is about the key: cool it, try the next; three in a row
-		// with no success between open the route's breaker.
+		// A 429 is about the key: cool it, try the next. It counts for the
+		// route's breaker only on a key already cooled once (failed
+		// downgrades a first 429 to Ignore); three in a row open it.
 		{llm.ClassRateLimited, breaker.Failure, keypool.Cool, nextKey, true},
 		// Billing and credentials condemn one key, not the route.
 		{llm.ClassQuota, breaker.Ignore, keypool.Disable, nextKey, true},

@@ -345,7 +345,16 @@ type Lease struct {
 
 	grantedUS int64
 	settled   atomic.Bool
+	// consecutive is the key's consecutive 429s after a Failure settled
+	// this lease (owned by the goroutine that settles it).
+	consecutive int64
 }
+
+// Consecutive429s is the key's count of consecutive 429s as the Failure
+// that settled this lease left it (0 before): 1 is a first 429 on a key
+// the pool paced (usually arrival jitter), 2 or more a key the provider
+// refuses again after its cooldown.
+func (l *Lease) Consecutive429s() int { return int(l.consecutive) }
 
 // Delay is how long after the grant the call may be made: zero unless the
 // lease was reserved ahead (Within). It is relative, so a caller whose

@@ -110,6 +110,7 @@ func (p *Pool) Failure(ctx context.Context, l *Lease, a Action, callErr error) e
 	if err != nil {
 		return err
 	}
+	l.consecutive = res.consecutive
 	switch args.op {
 	case opCool:
 		p.logger.Warn("keypool: key rate limited, cooling",

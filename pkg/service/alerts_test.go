@@ -108,10 +108,12 @@ func secretsIn(s string) []string {
 	return out
 }
 
-// Three consecutive 429s on claude/sonnet open its breaker: the admin view
-// shows it open, a breaker_open alert reaches the webhook, and the request
-// is served by the fallback. Once the provider recovers and the open
-// duration passes, probes close it and a breaker_closed alert follows.
+// Claude answering 429 to every call opens claude/sonnet's breaker (three
+// consecutive refusals: 429s on keys already cooled once; a first 429 on a
+// paced key only cools that key): the admin view shows it open, a
+// breaker_open alert reaches the webhook, and the requests are served by
+// the fallback. Once the provider recovers and the open duration passes,
+// probes close it and a breaker_closed alert follows.
 func TestBreakerOpenAndClosedAlerts(t *testing.T) {
 	t.Parallel()
 	keys := `
@@ -127,19 +129,24 @@ keys:
 	api := s.startAPI()
 	s.startWorker()
 
-	// One 429 per claude key: the third consecutive failure opens the breaker.
-	if err := s.mock.SetFault(mockprovider.Fault{Provider: "claude", Mode: mockprovider.FaultRateLimit, Count: 3,
+	// Every claude call 429s: each key cools, is tried again after its
+	// cooldown, is refused again; the third such refusal opens the breaker.
+	if err := s.mock.SetFault(mockprovider.Fault{Provider: "claude", Mode: mockprovider.FaultRateLimit,
 		RetryAfter: time.Second}); err != nil {
 		t.Fatal(err)
 	}
-	id := api.submit(t, ask("trip the breaker"))
-	out := api.waitStatus(t, id, 10*time.Second, "completed", "failed")
-	if res, _ := out["result"].(map[string]any); out["status"] != "completed" || res["provider"] != "openai" {
-		t.Fatalf("request while claude 429s: %v", out)
+	opensBy := time.Now().Add(20 * time.Second)
+	for i := 0; breakerState(t, api, "claude/sonnet") != "open"; i++ {
+		if time.Now().After(opensBy) {
+			t.Fatalf("claude/sonnet breaker %q while claude refuses every call, want open", breakerState(t, api, "claude/sonnet"))
+		}
+		id := api.submit(t, ask(fmt.Sprintf("trip the breaker %d", i)))
+		out := api.waitStatus(t, id, 10*time.Second, "completed", "failed")
+		if res, _ := out["result"].(map[string]any); out["status"] != "completed" || res["provider"] != "openai" {
+			t.Fatalf("request while claude 429s: %v", out)
+		}
 	}
-	if st := breakerState(t, api, "claude/sonnet"); st != "open" {
-		t.Fatalf("claude/sonnet breaker %q after 3 consecutive 429s, want open", st)
-	}
+	s.mock.ClearFaults()
 	if st := breakerState(t, api, "all"); st != "closed" {
 		t.Fatalf("all-providers breaker %q while openai served, want closed", st)
 	}
