@@ -66,23 +66,27 @@
 //
 // BenchmarkLookup on a 2-core machine shared with other work, PostgreSQL 15
 // with 128 MB shared_buffers, pgvector 0.8.0, 384 dimensions, 50 scopes,
-// 10% of rows expired, vectors clustered by topic; medians of 3 runs:
+// 10% of rows expired, rows written with the columns Store writes
+// (TestBenchRowsAreStoreRows), ~1 kB answers, queries whose SQL entity
+// filter matches 75 (10k) to 720 (100k) live rows (checked per query);
+// medians of 3 runs, p50 / p99:
 //
-//	rows     lookup                              p50       p99      recall@1
-//	10,000   exact hit                           0.06 ms   0.11 ms
-//	10,000   semantic hit (default: scan)        0.36 ms   0.67 ms  1.000
-//	100,000  exact hit                           0.04 ms   0.08 ms
-//	100,000  semantic hit (default: count+HNSW)  0.72 ms   5.7 ms   1.000
-//	100,000  semantic hit, HNSW only             0.57 ms   3.6 ms   1.000
-//	100,000  semantic hit, exact scan only       4.4 ms    16 ms    1.000
-//	100,000  nearest row of a topic, HNSW                           0.997
-//	100,000  empty scope, HNSW only              22 ms     32 ms
-//	100,000  empty scope (default: counted)      0.12 ms   1.4 ms
+//	rows     lookup                                    p50       p99      hit rate / recall
+//	10,000   exact hit                                 0.07 ms   0.23 ms
+//	10,000   semantic hit (production settings)        0.94 ms   2.1 ms   1.000 / 1.000
+//	100,000  exact hit                                 0.06 ms   0.21 ms
+//	100,000  semantic hit (production settings)        8.0 ms    36 ms    1.000 / 1.000
+//	100,000  semantic hit, HNSW (custom plans)         2.5 ms    6.4 ms   0.999 / 0.999
+//	100,000  semantic hit, exact scan only             11.9 ms   52 ms    1.000 / 1.000
 //
-// Recall@1 is against brute force over the same live rows of the scope.
-// Semantic hits are near-duplicates (cosine 0.97) of stored rows; "nearest
-// row of a topic" asks for the nearest of ~90 rows about 0.72 similar,
-// the hard case. The p99s move with the machine's other load.
+// Known, measured by the benchmark and not yet fixed: after five
+// executions on a connection PostgreSQL switches the prepared search to a
+// generic plan that never walks the HNSW index (plan_cache_mode
+// force_custom_plan walks it, at ~0.4 ms of planning per lookup), and an
+// answer over ~600 bytes pushes the row past the TOAST threshold, moving
+// the embedding (EXTERNAL storage) out of line and slowing exact scans.
+// The benchmark fails when a hit rate or recall falls below its stated
+// figure (benchMin… constants).
 //
 // # Failure
 //
