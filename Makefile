@@ -1,5 +1,5 @@
 # The two commands of the README: `make run` and `make test`.
-.PHONY: run test build bench storm lint
+.PHONY: run test build bench storm faults lint
 
 run:
 	scripts/run.sh
@@ -24,6 +24,12 @@ bench:
 # when a target is missed. STORM_ARGS passes flags (e.g. -scenarios S1 -n 120).
 storm:
 	BULWARK_STORM=1 BULWARK_STORM_ARGS="$(STORM_ARGS)" BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -count=1 -run '^TestStormBench$$' -v -timeout 8m ./pkg/storm
+
+# The fault matrix on real processes (README, Operating it): a worker
+# SIGKILLed 10 times mid-storm, Redis restarted mid-storm, provider 5xx/529
+# and a 2-minute provider outage. About 5 minutes; each test prints one line.
+faults:
+	BULWARK_FAULTS=1 BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -count=1 -run '^TestFault' -v -timeout 20m ./pkg/storm
 
 # golangci-lint at a pinned version (also run by `make test`).
 lint:

@@ -64,6 +64,21 @@
 // is compared with one second rather than letting a 0.05 s start turn an
 // estimate 0.3 s off into a 500 % error.
 //
+// # Fault matrix
+//
+// The fault tests (faults_test.go, machinery in faults.go) run the same
+// processes — three workers, or Redis with its append-only file on — and
+// break something mid-storm: a worker SIGKILLed mid-call ten times, Redis
+// restarted, the provider failing part of its calls or all of them for two
+// minutes. The workers then call the mock through a recording proxy of the
+// test process (callLog, one listener per worker, its URL handed to each
+// worker through BULWARK_STORM_PROVIDER_URL), which knows every provider
+// call's worker, prompt and outcome: which requests a killed worker had in
+// flight, and whether a prompt was called again after it had an answer.
+// Each test counts, from GET /v1/requests/{id} after the load, that every
+// accepted request ended and every answer is its own prompt's, and prints
+// one line (FaultResult), appended to $BULWARK_FAULT_REPORT when set.
+//
 // # Running it
 //
 //	go run ./scripts/storm [-scenarios S1,S1-slow,S1-slow-async,S2] [-n 400] [-clients 50]

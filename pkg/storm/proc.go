@@ -1,6 +1,7 @@
 package storm
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -93,6 +95,18 @@ func (p *process) stop() {
 	})
 	<-p.done
 }
+
+// kill sends SIGKILL at once, as a crash would, and waits for the exit. It
+// counts as a deliberate stop: onExit is not called, and a later stop
+// returns at once.
+func (p *process) kill() {
+	p.stopping.Store(true)
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+// pid is the process id.
+func (p *process) pid() int { return p.cmd.Process.Pid }
 
 // tail returns the last n lines of the process's log.
 func (p *process) tail(n int) string {
@@ -184,6 +198,43 @@ func redisPing(addr string) func(ctx context.Context) error {
 		}
 		if !bytes.HasPrefix(buf[:n], []byte("+PONG")) {
 			return fmt.Errorf("redis PING: %q", buf[:n])
+		}
+		return nil
+	}
+}
+
+// redisLoaded checks that the Redis server on addr has loaded its dataset:
+// it answers PING while still loading its append-only file, but refuses
+// every data command with LOADING until INFO says loading:0.
+func redisLoaded(addr string) func(ctx context.Context) error {
+	return func(ctx context.Context) error {
+		var d net.Dialer
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = c.Close() }()
+		if dl, ok := ctx.Deadline(); ok {
+			_ = c.SetDeadline(dl)
+		}
+		if _, err := c.Write([]byte("INFO persistence\r\n")); err != nil {
+			return err
+		}
+		r := bufio.NewReader(c)
+		head, err := r.ReadString('\n')
+		if err != nil {
+			return err
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(head, "$")))
+		if !strings.HasPrefix(head, "$") || err != nil {
+			return fmt.Errorf("redis INFO: %q", strings.TrimSpace(head))
+		}
+		body := make([]byte, n)
+		if _, err := io.ReadFull(r, body); err != nil {
+			return err
+		}
+		if !bytes.Contains(body, []byte("loading:0")) {
+			return errors.New("redis is still loading its dataset")
 		}
 		return nil
 	}

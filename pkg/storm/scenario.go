@@ -58,6 +58,10 @@ type Scenario struct {
 	// provider (OpenAI), and Claude keys of the same capacity back the
 	// fallback route: the traffic must move there at their full capacity.
 	FailPrimary bool
+	// FallbackKeys adds Claude keys of the same capacity on claude/haiku,
+	// the fallback route of openai/gpt4o-mini, without failing OpenAI
+	// (FailPrimary implies them).
+	FallbackKeys bool
 	// Limit is the hard time limit of the load: at Limit after the first
 	// send the clients are cancelled and the result says what arrived.
 	Limit time.Duration

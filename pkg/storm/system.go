@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -57,26 +58,67 @@ type Env struct {
 type system struct {
 	dir      string
 	keepDir  bool
-	procs    []*process // in start order
 	apiURL   string
 	mockURL  string
 	pgAdmin  string
 	database string // created on the PostgreSQL server; "" until then
+
+	// What starting another worker or Redis again needs (startWorker,
+	// restartRedis); set by startSystemWith, read-only after.
+	env       Env
+	opts      options
+	redisBin  string
+	redisArgs []string
+	redisAddr string
+	baseEnv   []string // the environment of the api and worker processes
+	onExit    func(name string, err error)
+
+	mu      sync.Mutex
+	procs   []*process // in start order; guarded by mu
+	redis   *process   // the running redis-server; guarded by mu
+	workers int        // worker processes started so far; guarded by mu
 
 	// failed is cancelled with the cause when a process exits on its own.
 	failed context.CancelCauseFunc
 	ctx    context.Context
 }
 
+// options changes what startSystemWith starts; the zero value is the
+// storm benchmark's system (startSystem).
+type options struct {
+	// Workers is the number of worker processes. Default 2.
+	Workers int
+	// AppendOnly runs Redis with appendonly yes and appendfsync everysec,
+	// so that a restart (restartRedis) keeps what Redis acknowledged.
+	AppendOnly bool
+	// ProviderURL, when set, returns the provider base URL a worker
+	// process calls, given the mock's URL and the worker's name (a
+	// recording proxy in front of the mock, see callLog); the api process
+	// calls the mock directly.
+	ProviderURL func(mockURL, worker string) (string, error)
+}
+
+// providerURLVar carries a worker's own provider base URL into the shared
+// configuration (options.ProviderURL).
+const providerURLVar = "BULWARK_STORM_PROVIDER_URL"
+
 // startSystem starts Redis, the database, the mock, the api and two
 // workers for sc and waits until all are ready. On error everything
 // started is stopped again; the error carries the logs' last lines.
 func startSystem(ctx context.Context, env Env, sc Scenario, client *http.Client) (s *system, err error) {
+	return startSystemWith(ctx, env, sc, client, options{})
+}
+
+// startSystemWith is startSystem with o's changes.
+func startSystemWith(ctx context.Context, env Env, sc Scenario, client *http.Client, o options) (s *system, err error) {
+	if o.Workers == 0 {
+		o.Workers = 2
+	}
 	dir, err := os.MkdirTemp("", "bulwark-storm-*")
 	if err != nil {
 		return nil, fmt.Errorf("storm: temp dir: %w", err)
 	}
-	s = &system{dir: dir, keepDir: env.KeepDir, pgAdmin: env.PGAdminDSN}
+	s = &system{dir: dir, keepDir: env.KeepDir, pgAdmin: env.PGAdminDSN, env: env, opts: o}
 	if s.pgAdmin == "" {
 		s.pgAdmin = PGAdminDSN()
 	}
@@ -87,19 +129,21 @@ func startSystem(ctx context.Context, env Env, sc Scenario, client *http.Client)
 			err = fmt.Errorf("%w\n%s", errors.Join(err, s.close()), tails)
 		}
 	}()
-	onExit := func(name string, perr error) {
+	s.onExit = func(name string, perr error) {
 		s.failed(fmt.Errorf("storm: %s exited during the scenario (%v): %w", name, perr, errExited))
 	}
+	onExit := s.onExit
 	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 
-	ports := make([]int, 5) // redis, mock, api, worker 1 metrics, worker 2 metrics
+	ports := make([]int, 3) // redis, mock, api
 	for i := range ports {
 		if ports[i], err = freePort(); err != nil {
 			return s, err
 		}
 	}
 	redisAddr := "127.0.0.1:" + strconv.Itoa(ports[0])
+	s.redisAddr = redisAddr
 	s.mockURL = "http://127.0.0.1:" + strconv.Itoa(ports[1])
 	s.apiURL = "http://127.0.0.1:" + strconv.Itoa(ports[2])
 
@@ -109,12 +153,21 @@ func startSystem(ctx context.Context, env Env, sc Scenario, client *http.Client)
 			return s, fmt.Errorf("storm: redis-server not on PATH (scripts/deps.sh installs it): %w", err)
 		}
 	}
-	rp, err := startProcess("redis", dir, redisBin, []string{"--port", strconv.Itoa(ports[0]), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", dir}, os.Environ(), onExit)
+	s.redisBin = redisBin
+	s.redisArgs = []string{"--port", strconv.Itoa(ports[0]), "--bind", "127.0.0.1", "--save", "", "--dir", dir}
+	if o.AppendOnly {
+		s.redisArgs = append(s.redisArgs, "--appendonly", "yes", "--appendfsync", "everysec")
+	} else {
+		s.redisArgs = append(s.redisArgs, "--appendonly", "no")
+	}
+	rp, err := startProcess("redis", dir, redisBin, s.redisArgs, os.Environ(), onExit)
 	if err != nil {
 		return s, err
 	}
-	s.procs = append(s.procs, rp)
+	s.addProc(rp)
+	s.mu.Lock()
+	s.redis = rp
+	s.mu.Unlock()
 
 	if err := s.createDatabase(rctx); err != nil {
 		return s, err
@@ -129,28 +182,34 @@ func startSystem(ctx context.Context, env Env, sc Scenario, client *http.Client)
 	if err != nil {
 		return s, err
 	}
-	s.procs = append(s.procs, mp)
+	s.addProc(mp)
 
 	cfgPath := filepath.Join(dir, "config.yaml")
-	doc := configYAML(sc, ports[2], redisAddr, s.databaseDSN(), s.mockURL)
+	providerURL := s.mockURL
+	if o.ProviderURL != nil {
+		providerURL = "${" + providerURLVar + ":-" + s.mockURL + "}"
+	}
+	doc := configYAML(sc, ports[2], redisAddr, s.databaseDSN(), providerURL)
 	if err := os.WriteFile(cfgPath, []byte(doc), 0o600); err != nil {
 		return s, fmt.Errorf("storm: write config: %w", err)
 	}
-	baseEnv := append(os.Environ(), "BULWARK_CONFIG="+cfgPath)
-	ap, err := startProcess("api", dir, env.Bins.API, nil, baseEnv, onExit)
+	s.baseEnv = append(os.Environ(), "BULWARK_CONFIG="+cfgPath)
+	ap, err := startProcess("api", dir, env.Bins.API, nil, s.baseEnv, onExit)
 	if err != nil {
 		return s, err
 	}
-	s.procs = append(s.procs, ap)
-	var workers []*process
-	for i := range 2 {
-		we := append(append([]string{}, baseEnv...), "BULWARK_STORM_METRICS_LISTEN=127.0.0.1:"+strconv.Itoa(ports[3+i]))
-		wp, err := startProcess(fmt.Sprintf("worker-%d", i+1), dir, env.Bins.Worker, nil, we, onExit)
+	s.addProc(ap)
+	type started struct {
+		p   *process
+		url string
+	}
+	var workers []started
+	for range o.Workers {
+		wp, u, err := s.startWorker()
 		if err != nil {
 			return s, err
 		}
-		s.procs = append(s.procs, wp)
-		workers = append(workers, wp)
+		workers = append(workers, started{wp, u})
 	}
 
 	if err := waitReady(rctx, rp, "PING "+redisAddr, redisPing(redisAddr)); err != nil {
@@ -162,14 +221,86 @@ func startSystem(ctx context.Context, env Env, sc Scenario, client *http.Client)
 	if err := waitReady(rctx, ap, "GET /readyz", httpOK(client, s.apiURL+"/readyz")); err != nil {
 		return s, err
 	}
-	for i, wp := range workers {
-		u := "http://127.0.0.1:" + strconv.Itoa(ports[3+i]) + "/metrics"
-		if err := waitReady(rctx, wp, "GET "+u, httpOK(client, u)); err != nil {
+	for _, w := range workers {
+		if err := waitReady(rctx, w.p, "GET "+w.url, httpOK(client, w.url)); err != nil {
 			return s, err
 		}
 	}
 	return s, nil
 }
+
+// addProc records a started process, so that close stops it.
+func (s *system) addProc(p *process) {
+	s.mu.Lock()
+	s.procs = append(s.procs, p)
+	s.mu.Unlock()
+}
+
+// startWorker starts the next worker process (worker-1, worker-2, …) with
+// a metrics address of its own, and returns it with its metrics URL,
+// which answers once it is ready. It does not wait.
+func (s *system) startWorker() (*process, string, error) {
+	port, err := freePort()
+	if err != nil {
+		return nil, "", err
+	}
+	s.mu.Lock()
+	s.workers++
+	name := fmt.Sprintf("worker-%d", s.workers)
+	s.mu.Unlock()
+	we := append(append([]string{}, s.baseEnv...), "BULWARK_STORM_METRICS_LISTEN=127.0.0.1:"+strconv.Itoa(port))
+	if s.opts.ProviderURL != nil {
+		u, err := s.opts.ProviderURL(s.mockURL, name)
+		if err != nil {
+			return nil, "", fmt.Errorf("storm: provider URL of %s: %w", name, err)
+		}
+		we = append(we, providerURLVar+"="+u)
+	}
+	wp, err := startProcess(name, s.dir, s.env.Bins.Worker, nil, we, s.onExit)
+	if err != nil {
+		return nil, "", err
+	}
+	s.addProc(wp)
+	return wp, "http://127.0.0.1:" + strconv.Itoa(port) + "/metrics", nil
+}
+
+// restartRedis stops redis-server gracefully (SIGTERM: with appendonly it
+// flushes its append-only file and exits) and starts it again on the same
+// port and folder, under a new log name (redis-2, redis-3, …). It returns
+// when the new server has loaded its data, with how long Redis was away.
+func (s *system) restartRedis(ctx context.Context) (time.Duration, error) {
+	s.mu.Lock()
+	old := s.redis
+	n := 1
+	for _, p := range s.procs {
+		if isRedis(p.name) {
+			n++
+		}
+	}
+	s.mu.Unlock()
+	began := time.Now()
+	old.stop()
+	if _, err := old.exited(); err != nil {
+		return 0, fmt.Errorf("storm: redis-server did not shut down cleanly on SIGTERM: %w", err)
+	}
+	rp, err := startProcess(fmt.Sprintf("redis-%d", n), s.dir, s.redisBin, s.redisArgs, os.Environ(), s.onExit)
+	if err != nil {
+		return 0, err
+	}
+	s.addProc(rp)
+	s.mu.Lock()
+	s.redis = rp
+	s.mu.Unlock()
+	rctx, cancel := context.WithTimeout(ctx, readyTimeout)
+	defer cancel()
+	if err := waitReady(rctx, rp, "INFO persistence "+s.redisAddr, redisLoaded(s.redisAddr)); err != nil {
+		return 0, err
+	}
+	return time.Since(began), nil
+}
+
+// isRedis reports whether a process name is one of the redis-servers.
+func isRedis(name string) bool { return name == "redis" || strings.HasPrefix(name, "redis-") }
 
 // configYAML is the configuration every api and worker process of a
 // scenario loads. Each worker's metrics address comes from its own
@@ -180,7 +311,7 @@ func configYAML(sc Scenario, apiPort int, redisAddr, dsn, mockURL string) string
 		fmt.Fprintf(&keys, "  - {id: openai-mini-%d, provider: openai, model_tier: gpt4o-mini, api_key: \"storm-openai-key-%d\", rpm_limit: %d, tpm_limit: %d}\n",
 			i+1, i+1, KeyRPM, MockTPM)
 	}
-	if sc.FailPrimary {
+	if sc.FailPrimary || sc.FallbackKeys {
 		for i := range Keys {
 			fmt.Fprintf(&keys, "  - {id: claude-haiku-%d, provider: claude, model_tier: haiku, api_key: \"storm-claude-key-%d\", rpm_limit: %d, tpm_limit: %d}\n",
 				i+1, i+1, KeyRPM, MockTPM)
@@ -202,7 +333,7 @@ providers:
   claude: {base_url: %q, timeout: 30s, tiers: {haiku: claude-haiku-4-5, sonnet: claude-sonnet-4-5}}
   openai: {base_url: %q, timeout: 30s, tiers: {gpt4o-mini: gpt-4o-mini, gpt4o: gpt-4o}}
 # The fallback routes exist; Claude keys back them only in S1-fallback,
-# where OpenAI refuses every call.
+# where OpenAI refuses every call, and in the fault tests that ask for them.
 fallback:
   claude/haiku: openai/gpt4o-mini
   claude/sonnet: openai/gpt4o
@@ -269,8 +400,11 @@ func (s *system) dropDatabase() error {
 // temporary folder unless it is kept. Safe to call twice.
 func (s *system) close() error {
 	var apps, infra []*process
-	for _, p := range s.procs {
-		if p.name == "redis" || p.name == "mock" {
+	s.mu.Lock()
+	procs := slices.Clone(s.procs)
+	s.mu.Unlock()
+	for _, p := range procs {
+		if isRedis(p.name) || p.name == "mock" {
 			infra = append(infra, p)
 		} else {
 			apps = append(apps, p)
@@ -296,7 +430,10 @@ func (s *system) close() error {
 // name.
 func (s *system) tails(n int) string {
 	var b strings.Builder
-	for _, p := range s.procs {
+	s.mu.Lock()
+	procs := slices.Clone(s.procs)
+	s.mu.Unlock()
+	for _, p := range procs {
 		fmt.Fprintf(&b, "----- %s (%s), last %d lines -----\n%s\n", p.name, p.logPath, n, p.tail(n))
 	}
 	return b.String()
