@@ -491,6 +491,13 @@ func (d *Dispatcher) fail(ctx context.Context, rec *job.Record, code job.Code, r
 	return nil
 }
 
+// completeTries and completeBackoff bound how long a worker keeps trying
+// to record an answer it holds: 10 tries, 1 s apart.
+const (
+	completeTries   = 10
+	completeBackoff = time.Second
+)
+
 // complete stores the answer in the cache, then ends rec as completed, so
 // whoever sees the completion also finds the answer cached.
 func (d *Dispatcher) complete(ctx context.Context, rec *job.Record, out outcome, log *slog.Logger) error {
@@ -505,12 +512,24 @@ func (d *Dispatcher) complete(ctx context.Context, rec *job.Record, out outcome,
 			log.Warn("dispatch: cache store", "err", err)
 		}
 	}
-	err := d.finisher.Finish(ctx, rec, finish.Completed(st))
+	// The answer is paid for: keep trying to record it for a while (Redis
+	// restarting answers LOADING for seconds) before handing the task back
+	// to asynq, whose retry would call the provider again unless the
+	// answer was cached.
+	var err error
+	for try := 0; try < completeTries; try++ {
+		if err = d.finisher.Finish(ctx, rec, finish.Completed(st)); err == nil || errors.Is(err, finish.ErrEnded) {
+			break
+		}
+		log.Warn("dispatch: record the answer", "try", try+1, "err", err)
+		if !sleep(context.WithoutCancel(ctx), completeBackoff) {
+			break
+		}
+	}
 	switch {
 	case errors.Is(err, finish.ErrEnded):
 		return nil
 	case err != nil:
-		// The answer is cached: the retry finds it there at once.
 		return fmt.Errorf("dispatch: %w", err)
 	}
 	log.Info("dispatch: completed", "route", out.route.String(), "key_id", out.keyID, "attempts", st.Attempts)
