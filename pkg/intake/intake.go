@@ -119,12 +119,12 @@ type Hit struct {
 	Route      llm.Route
 }
 
-// Coalescer attaches identical in-flight requests to the first one.
 // Finisher ends requests (pkg/finish).
 type Finisher interface {
 	Finish(ctx context.Context, rec *job.Record, e finish.Ending) error
 }
 
+// Coalescer attaches identical in-flight requests to the first one.
 type Coalescer interface {
 	// Claim makes id the leader of key, or returns the current leader.
 	Claim(ctx context.Context, key, id string, ttl time.Duration) (leader string, err error)
