@@ -27,6 +27,12 @@ export BULWARK_MOCK_ADDR=${BULWARK_MOCK_ADDR:-127.0.0.1:8090}
 export BULWARK_LISTEN=${BULWARK_LISTEN:-127.0.0.1:8080}
 export CLAUDE_BASE_URL=${CLAUDE_BASE_URL:-http://$BULWARK_MOCK_ADDR}
 export OPENAI_BASE_URL=${OPENAI_BASE_URL:-http://$BULWARK_MOCK_ADDR}
+# Mock keys for the mock provider; real keys only ever come from your
+# environment (config.yaml has no default key).
+export CLAUDE_API_KEY_1=${CLAUDE_API_KEY_1:-mock-claude-key-1}
+export CLAUDE_API_KEY_2=${CLAUDE_API_KEY_2:-mock-claude-key-2}
+export OPENAI_API_KEY_PROJECT_A=${OPENAI_API_KEY_PROJECT_A:-mock-openai-key-a}
+export OPENAI_API_KEY_PROJECT_B=${OPENAI_API_KEY_PROJECT_B:-mock-openai-key-b}
 
 mkdir -p bin
 go build -o bin/ ./api ./worker ./scheduler ./scripts/mockprovider

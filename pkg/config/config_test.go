@@ -15,7 +15,8 @@ func env(m map[string]string) func(string) (string, bool) {
 	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
 }
 
-var baseEnv = map[string]string{"BULWARK_ADMIN_TOKEN": "adm", "BULWARK_DEV_TOKEN": "dev"}
+var baseEnv = map[string]string{"BULWARK_ADMIN_TOKEN": "adm", "BULWARK_DEV_TOKEN": "dev",
+	"CLAUDE_API_KEY_1": "ck1", "CLAUDE_API_KEY_2": "ck2", "OPENAI_API_KEY_PROJECT_A": "oka", "OPENAI_API_KEY_PROJECT_B": "okb"}
 
 func TestRepoConfigLoads(t *testing.T) {
 	t.Parallel()
@@ -39,8 +40,11 @@ func TestRepoConfigLoads(t *testing.T) {
 	if fb, ok := c.FallbackOf(llm.Route{Provider: "claude", Tier: "sonnet"}); !ok || fb.String() != "openai/gpt4o" {
 		t.Errorf("fallback of claude/sonnet = %v", fb)
 	}
-	if got := c.Keys[0].APIKey.Reveal(); got != "mock-claude-key-1" {
-		t.Errorf("default key = %q", got)
+	if got := c.Keys[0].APIKey.Reveal(); got != "ck1" {
+		t.Errorf("key from the environment = %q", got)
+	}
+	if got := c.Providers[llm.ProviderClaude].BaseURL; got != "https://api.anthropic.com" {
+		t.Errorf("default claude base_url = %q, want the real API (make run sets the mock)", got)
 	}
 	if c.Tenants[0].TokenSHA256 == "" || !c.Tenants[0].Token.IsZero() {
 		t.Error("tenant token must be kept only as a hash")
@@ -88,6 +92,15 @@ func TestValidation(t *testing.T) {
 		{"bad regexp", minimal + "cache: {protected_patterns: ['(']}", map[string]string{"K1": secretVal}, "cache.protected_patterns[0]"},
 		{"tenant without token", minimal + "tenants: [{name: t}]", map[string]string{"K1": secretVal}, "tenants[0].token"},
 		{"default", minimal + "tenants: [{name: t, token: x}]", map[string]string{"K1": secretVal}, ""},
+		{"tenant name with a colon", minimal + "tenants: [{name: 'fleet:eu', token: x}]", map[string]string{"K1": secretVal}, "tenants[0].name: must be"},
+		{"tenant token is the admin token", minimal + "tenants: [{name: t, token: a}]", map[string]string{"K1": secretVal}, "must differ from server.admin_token"},
+		{"cleartext base url", strings.Replace(minimal, "http://127.0.0.1:1", "http://api.example.test", 1), map[string]string{"K1": secretVal},
+			"providers.claude.base_url: must use https unless the host is loopback"},
+		{"secret in base url", strings.Replace(minimal, "http://127.0.0.1:1", "https://api.example.test/v1?key=sk-ant-LEAK", 1), map[string]string{"K1": secretVal},
+			"providers.claude.base_url: must not carry a query"},
+		{"user info in base url", strings.Replace(minimal, "http://127.0.0.1:1", "https://u:sk-ant-LEAK@api.example.test", 1), map[string]string{"K1": secretVal},
+			"providers.claude.base_url: must not carry user info"},
+		{"https base url", strings.Replace(minimal, "http://127.0.0.1:1", "https://api.example.test", 1), map[string]string{"K1": secretVal}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

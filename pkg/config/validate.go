@@ -3,6 +3,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"regexp"
 	"strings"
@@ -48,8 +49,9 @@ func (c *Config) validate() error {
 			add(field, "unknown provider %q (want claude or openai)", name)
 			continue
 		}
-		if u, err := url.Parse(p.BaseURL); err != nil || u.Scheme == "" || u.Host == "" {
-			add(field+".base_url", "must be an absolute http(s) URL")
+		if msg := checkBaseURL(p.BaseURL); msg != "" {
+			// The message never quotes the URL: it may carry a secret.
+			add(field+".base_url", "%s", msg)
 		}
 		if len(p.Tiers) == 0 {
 			add(field+".tiers", "at least one tier is required")
@@ -268,4 +270,32 @@ func (c *Config) FallbackOf(r llm.Route) (llm.Route, bool) {
 // ModelName returns the provider's model name for a route.
 func (c *Config) ModelName(r llm.Route) string {
 	return c.Providers[r.Provider].Tiers[r.Tier]
+}
+
+// checkBaseURL says what is wrong with a provider's base URL, or "": an
+// absolute URL, https unless the host is loopback (keys would otherwise
+// cross the network in clear text), and no credentials in it (user info
+// or a query string end up in logs and error messages; keys belong in
+// keys[].api_key).
+func checkBaseURL(raw string) string {
+	u, err := url.Parse(raw)
+	switch {
+	case err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https"):
+		return "must be an absolute http(s) URL"
+	case u.User != nil:
+		return "must not carry user info (put credentials in keys[].api_key)"
+	case u.RawQuery != "" || u.Fragment != "":
+		return "must not carry a query or fragment (put credentials in keys[].api_key)"
+	case u.Scheme == "http" && !loopback(u.Hostname()):
+		return "must use https unless the host is loopback (keys would travel in clear text)"
+	}
+	return ""
+}
+
+func loopback(host string) bool {
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
