@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -317,4 +318,22 @@ func TestOpenAITimeout(t *testing.T) {
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.ErrorContains(t, err, "embed: openai: POST embeddings")
 	require.False(t, errors.Is(err, ErrStatus))
+}
+
+// The embedder never follows a redirect: it would carry the key to
+// wherever the server points.
+func TestOpenAIFollowsNoRedirect(t *testing.T) {
+	t.Parallel()
+	var elsewhere atomic.Int32
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { elsewhere.Add(1) }))
+	defer target.Close()
+	redirect := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, target.URL+r.URL.Path, http.StatusTemporaryRedirect)
+	}))
+	defer redirect.Close()
+	e, err := NewOpenAI(OpenAIConfig{BaseURL: redirect.URL + "/v1", Model: "m", Dims: 4, APIKey: secret.New("sk-redirected")})
+	require.NoError(t, err)
+	_, err = e.Embed(context.Background(), []string{"x"})
+	require.Error(t, err)
+	require.Zero(t, elsewhere.Load(), "the redirect was followed")
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"bulwark/pkg/provider"
 	"bulwark/pkg/secret"
 )
 
@@ -82,14 +83,15 @@ func (c *OpenAIConfig) withDefaults() {
 	if c.BatchSize == 0 {
 		c.BatchSize = OpenAIBatchSizeDefault
 	}
-	if c.HTTPClient == nil {
-		c.HTTPClient = &http.Client{}
-	}
+	// Redirects are never followed: one would carry the key (sent as a
+	// header) to wherever the server points.
+	c.HTTPClient = provider.NoRedirects(c.HTTPClient)
 }
 
 func (c *OpenAIConfig) validate() error {
 	if !strings.HasPrefix(c.BaseURL, "http://") && !strings.HasPrefix(c.BaseURL, "https://") {
-		return fmt.Errorf("embed: OpenAIConfig.BaseURL %q: want an http:// or https:// URL", c.BaseURL)
+		// The URL is not quoted: it may carry a secret.
+		return fmt.Errorf("embed: OpenAIConfig.BaseURL: want an http:// or https:// URL")
 	}
 	if c.Dims < 1 || c.Dims > DimsMax {
 		return fmt.Errorf("embed: OpenAIConfig.Dims %d: want 1..%d (required unless Model is the default)", c.Dims, DimsMax)
