@@ -95,6 +95,10 @@ type Server struct {
 	// StreamMaxLifetime ends an SSE stream after this long; the client
 	// reconnects with Last-Event-ID and misses nothing. Default 15m.
 	StreamMaxLifetime time.Duration `yaml:"stream_max_lifetime"`
+	// AdminQueuesWritable lets the asynqmon dashboard at /admin/queues
+	// delete, archive and run tasks and pause queues. Default false: view
+	// only.
+	AdminQueuesWritable bool `yaml:"admin_queues_writable"`
 }
 
 // Redis locates the Redis server.

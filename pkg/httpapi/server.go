@@ -161,7 +161,7 @@ func New(cfg Config, d Deps) http.Handler {
 		v1.POST("/messages", s.anthropicMessages)
 	}
 
-	admin := r.Group("/admin", s.adminAuth)
+	admin := r.Group("/admin", s.limitBody, s.adminAuth, sameSite)
 	// An admin endpoint exists only when its part is configured; otherwise
 	// it answers 404 like any unknown path.
 	if d.Keys != nil {

@@ -45,7 +45,7 @@ func (b *Base) API() (http.Handler, *progress.Hub) {
 		RateLimiter: tenantLimiter{l: redis_rate.NewLimiter(b.Redis), prefix: cfg.Redis.Prefix},
 	})
 	hub := progress.New(b.Redis, b.Queue, progress.Config{Channel: b.Jobs.Channel()}, b.Logger)
-	mon := asynqmon.New(asynqmon.Options{RootPath: "/admin/queues",
+	mon := asynqmon.New(asynqmon.Options{RootPath: "/admin/queues", ReadOnly: !cfg.Server.AdminQueuesWritable,
 		RedisConnOpt: asynq.RedisClientOpt{Addr: cfg.Redis.Addr, DB: cfg.Redis.DB, Password: cfg.Redis.Password.Reveal()}})
 	h := httpapi.New(httpapi.Config{
 		Tenants: tenants(cfg), AdminToken: cfg.Server.AdminToken, MaxBodyBytes: cfg.Server.MaxBodyBytes,
