@@ -1,7 +1,6 @@
 package storm
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -12,12 +11,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // stopGrace is how long a process has between SIGTERM and SIGKILL.
@@ -179,27 +179,9 @@ func httpOK(client *http.Client, url string) func(ctx context.Context) error {
 // redisPing checks that a Redis server answers PING on addr.
 func redisPing(addr string) func(ctx context.Context) error {
 	return func(ctx context.Context) error {
-		var d net.Dialer
-		c, err := d.DialContext(ctx, "tcp", addr)
-		if err != nil {
-			return err
-		}
+		c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
 		defer func() { _ = c.Close() }()
-		if dl, ok := ctx.Deadline(); ok {
-			_ = c.SetDeadline(dl)
-		}
-		if _, err := c.Write([]byte("PING\r\n")); err != nil {
-			return err
-		}
-		buf := make([]byte, 64)
-		n, err := c.Read(buf)
-		if err != nil {
-			return err
-		}
-		if !bytes.HasPrefix(buf[:n], []byte("+PONG")) {
-			return fmt.Errorf("redis PING: %q", buf[:n])
-		}
-		return nil
+		return c.Ping(ctx).Err()
 	}
 }
 
@@ -208,32 +190,13 @@ func redisPing(addr string) func(ctx context.Context) error {
 // every data command with LOADING until INFO says loading:0.
 func redisLoaded(addr string) func(ctx context.Context) error {
 	return func(ctx context.Context) error {
-		var d net.Dialer
-		c, err := d.DialContext(ctx, "tcp", addr)
-		if err != nil {
-			return err
-		}
+		c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
 		defer func() { _ = c.Close() }()
-		if dl, ok := ctx.Deadline(); ok {
-			_ = c.SetDeadline(dl)
-		}
-		if _, err := c.Write([]byte("INFO persistence\r\n")); err != nil {
-			return err
-		}
-		r := bufio.NewReader(c)
-		head, err := r.ReadString('\n')
+		info, err := c.Info(ctx, "persistence").Result()
 		if err != nil {
 			return err
 		}
-		n, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(head, "$")))
-		if !strings.HasPrefix(head, "$") || err != nil {
-			return fmt.Errorf("redis INFO: %q", strings.TrimSpace(head))
-		}
-		body := make([]byte, n)
-		if _, err := io.ReadFull(r, body); err != nil {
-			return err
-		}
-		if !bytes.Contains(body, []byte("loading:0")) {
+		if !strings.Contains(info, "loading:0") {
 			return errors.New("redis is still loading its dataset")
 		}
 		return nil
