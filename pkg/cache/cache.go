@@ -315,6 +315,40 @@ func (c *Cache) checkKey(k Key) (layer string, err error) {
 	return layer, nil
 }
 
+// LookupExact is Lookup's first step alone: the entry stored under k's
+// exact scope and prompt, or a KindNone hit. One indexed query, no
+// embedding: for a caller that only needs an identical request's answer.
+func (c *Cache) LookupExact(ctx context.Context, k Key) (Hit, error) {
+	layer, err := c.checkKey(k)
+	if err != nil {
+		return Hit{Kind: KindNone}, err
+	}
+	prompt := Normalise(k.Prompt)
+	hit, _, err := c.exact(ctx, scope(k, layer, *c.cfg.TenantIsolation), prompt)
+	return hit, err
+}
+
+// exact looks up the entry of scope sc and prompt; ok reports a hit.
+func (c *Cache) exact(ctx context.Context, sc, prompt string) (hit Hit, ok bool, err error) {
+	hit = Hit{Kind: KindExact, Similarity: 1}
+	var ageSec float64
+	qctx, cancel := context.WithTimeout(ctx, c.cfg.QueryTimeout)
+	err = c.pool.QueryRow(qctx, c.sqlExact, sc, PromptHash(prompt)).Scan(&hit.ID, &hit.Response, &ageSec)
+	cancel()
+	switch {
+	case err == nil:
+		hit.Age = seconds(ageSec)
+		c.exactHits.Add(1)
+		c.recordHit(hit.ID)
+		return hit, true, nil
+	case errors.Is(err, pgx.ErrNoRows):
+		return Hit{Kind: KindNone}, false, nil
+	}
+	err = fmt.Errorf("cache: lookup exact: %w: %w", ErrUnavailable, err)
+	c.fail(ctx, err)
+	return Hit{Kind: KindNone}, false, err
+}
+
 // Lookup finds a stored answer for k: first an exact match of the
 // normalised prompt in k's scope, then the most similar live prompt of the
 // same scope and embedder whose cosine similarity is at least the threshold
@@ -335,23 +369,8 @@ func (c *Cache) Lookup(ctx context.Context, k Key, emb []float32) (Hit, error) {
 	c.lookups.Add(1)
 	prompt := Normalise(k.Prompt)
 	sc := scope(k, layer, *c.cfg.TenantIsolation)
-	var (
-		hit    = Hit{Kind: KindExact, Similarity: 1}
-		ageSec float64
-	)
-	qctx, cancel := context.WithTimeout(ctx, c.cfg.QueryTimeout)
-	err = c.pool.QueryRow(qctx, c.sqlExact, sc, PromptHash(prompt)).Scan(&hit.ID, &hit.Response, &ageSec)
-	cancel()
-	switch {
-	case err == nil:
-		hit.Age = seconds(ageSec)
-		c.exactHits.Add(1)
-		c.recordHit(hit.ID)
-		return hit, nil
-	case !errors.Is(err, pgx.ErrNoRows):
-		err = fmt.Errorf("cache: lookup exact: %w: %w", ErrUnavailable, err)
-		c.fail(ctx, err)
-		return miss, err
+	if hit, ok, err := c.exact(ctx, sc, prompt); ok || err != nil {
+		return hit, err
 	}
 
 	if emb == nil {

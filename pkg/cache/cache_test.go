@@ -179,6 +179,27 @@ func TestExactHit(t *testing.T) {
 	require.Equal(t, []string{"case-1", "t1", "agent"}, []string{caseID, tenant, layer})
 }
 
+// LookupExact finds the identical request's entry and nothing else: a
+// near-duplicate that Lookup would answer semantically is a miss.
+func TestLookupExactOnly(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{})
+	ctx := context.Background()
+	require.NoError(t, b.cache.Store(ctx, key(diagPrompt), nil, answer))
+	hit, err := b.cache.LookupExact(ctx, key(diagPrompt))
+	require.NoError(t, err)
+	require.Equal(t, KindExact, hit.Kind)
+	require.JSONEq(t, string(answer), string(hit.Response))
+
+	variant := vinTimeVariant(diagPrompt)
+	hit, err = b.cache.LookupExact(ctx, key(variant))
+	require.NoError(t, err)
+	require.Equal(t, KindNone, hit.Kind)
+	hit, err = b.cache.Lookup(ctx, key(variant), nil)
+	require.NoError(t, err)
+	require.Equal(t, KindSemantic, hit.Kind, "the variant is a semantic hit, so the exact miss above is the point")
+}
+
 func TestSemanticHitVINAndTimestamp(t *testing.T) {
 	t.Parallel()
 	b := setup(t, Config{})

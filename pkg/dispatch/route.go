@@ -28,11 +28,14 @@ const (
 type consequence struct {
 	// breaker is reported to the route's breaker. Only the provider
 	// refusing the route counts: overload, a missing model, and a 429 on a
-	// key the provider refuses again after its cooldown (see failed: a
-	// first 429 on a paced key is arrival jitter, information about that
-	// key). 5xx and timeouts are noise a retry absorbs; they never open a
-	// breaker.
+	// key the provider refuses again after its cooldown (againOnly). 5xx
+	// and timeouts are noise a retry absorbs; they never open a breaker.
 	breaker breaker.Outcome
+	// againOnly: the breaker outcome counts only for a key the provider
+	// refuses again after its cooldown (its consecutive 429s >= 2); a
+	// first 429 on a paced key is arrival jitter, information about that
+	// key, and is Ignored.
+	againOnly bool
 	// key is done to the key that failed (keypool.Action).
 	key keypool.Action
 	// next is where the attempt goes.
@@ -46,13 +49,13 @@ type consequence struct {
 // that is not an *llm.Error (a transport failure we could not classify) is
 // treated as transient.
 var consequences = map[llm.Class]consequence{
-	llm.ClassRateLimited:      {breaker.Failure, keypool.Cool, nextKey, "rate limited"},
-	llm.ClassQuota:            {breaker.Ignore, keypool.Disable, nextKey, "key unavailable (quota)"},
-	llm.ClassAuth:             {breaker.Ignore, keypool.Disable, nextKey, "key unavailable (auth)"},
-	llm.ClassOverloaded:       {breaker.Failure, keypool.Refund, nextRoute, "provider overloaded"},
-	llm.ClassModelUnavailable: {breaker.Failure, keypool.Refund, nextRoute, "model unavailable"},
-	llm.ClassTransient:        {breaker.Ignore, keypool.Refund, nextKeyBackoff, "provider error"},
-	llm.ClassPermanent:        {breaker.Ignore, keypool.Refund, failRequest, ""},
+	llm.ClassRateLimited:      {breaker.Failure, true, keypool.Cool, nextKey, "rate limited"},
+	llm.ClassQuota:            {breaker.Ignore, false, keypool.Disable, nextKey, "key unavailable (quota)"},
+	llm.ClassAuth:             {breaker.Ignore, false, keypool.Disable, nextKey, "key unavailable (auth)"},
+	llm.ClassOverloaded:       {breaker.Failure, false, keypool.Refund, nextRoute, "provider overloaded"},
+	llm.ClassModelUnavailable: {breaker.Failure, false, keypool.Refund, nextRoute, "model unavailable"},
+	llm.ClassTransient:        {breaker.Ignore, false, keypool.Refund, nextKeyBackoff, "provider error"},
+	llm.ClassPermanent:        {breaker.Ignore, false, keypool.Refund, failRequest, ""},
 }
 
 // consequenceOf returns the table row for err.
@@ -307,10 +310,7 @@ func (d *Dispatcher) failed(ctx context.Context, rec *job.Record, r llm.Route, l
 		log.Warn("dispatch: record key failure", "key_id", lease.KeyID, "err", ferr)
 	}
 	outcome := c.breaker
-	if c.key == keypool.Cool && lease.Consecutive429s() < 2 {
-		// A first 429 on a key the pool paced: its call reached the
-		// provider a little early or its bucket is a little smaller than
-		// configured. The key cools and slows; the route is not refused.
+	if c.againOnly && lease.Consecutive429s() < 2 {
 		outcome = breaker.Ignore
 	}
 	_ = permit.DoneReason(ctx, outcome, fmt.Sprintf("%s from %s", class, lease.KeyID))

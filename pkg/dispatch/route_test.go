@@ -20,27 +20,28 @@ import (
 func TestConsequences(t *testing.T) {
 	t.Parallel()
 	tests := []struct {
-		class   llm.Class
-		breaker breaker.Outcome
-		key     keypool.Action
-		next    step
-		event   bool
+		class     llm.Class
+		breaker   breaker.Outcome
+		againOnly bool
+		key       keypool.Action
+		next      step
+		event     bool
 	}{
 		// A 429 is about the key: cool it, try the next. It counts for the
-		// route's breaker only on a key already cooled once (failed
-		// downgrades a first 429 to Ignore); three in a row open it.
-		{llm.ClassRateLimited, breaker.Failure, keypool.Cool, nextKey, true},
+		// route's breaker only on a key already cooled once (againOnly);
+		// three in a row open it.
+		{llm.ClassRateLimited, breaker.Failure, true, keypool.Cool, nextKey, true},
 		// Billing and credentials condemn one key, not the route.
-		{llm.ClassQuota, breaker.Ignore, keypool.Disable, nextKey, true},
-		{llm.ClassAuth, breaker.Ignore, keypool.Disable, nextKey, true},
+		{llm.ClassQuota, breaker.Ignore, false, keypool.Disable, nextKey, true},
+		{llm.ClassAuth, breaker.Ignore, false, keypool.Disable, nextKey, true},
 		// Overload and a missing model condemn the provider's route for
 		// this attempt: the other provider answers.
-		{llm.ClassOverloaded, breaker.Failure, keypool.Refund, nextRoute, true},
-		{llm.ClassModelUnavailable, breaker.Failure, keypool.Refund, nextRoute, true},
+		{llm.ClassOverloaded, breaker.Failure, false, keypool.Refund, nextRoute, true},
+		{llm.ClassModelUnavailable, breaker.Failure, false, keypool.Refund, nextRoute, true},
 		// 5xx and timeouts are noise: back off, another key; never a breaker.
-		{llm.ClassTransient, breaker.Ignore, keypool.Refund, nextKeyBackoff, true},
+		{llm.ClassTransient, breaker.Ignore, false, keypool.Refund, nextKeyBackoff, true},
 		// The request's own fault ends it, silently for the breaker.
-		{llm.ClassPermanent, breaker.Ignore, keypool.Refund, failRequest, false},
+		{llm.ClassPermanent, breaker.Ignore, false, keypool.Refund, failRequest, false},
 	}
 	if len(tests) != len(llm.Classes) {
 		t.Fatalf("%d classes tested, llm has %d: add the new class here and to consequences", len(tests), len(llm.Classes))
@@ -49,8 +50,9 @@ func TestConsequences(t *testing.T) {
 		t.Run(string(tt.class), func(t *testing.T) {
 			t.Parallel()
 			c := consequenceOf(fmt.Errorf("call: %w", &llm.Error{Class: tt.class}))
-			if c.breaker != tt.breaker || c.key != tt.key || c.next != tt.next || (c.event != "") != tt.event {
-				t.Fatalf("consequence = %+v, want breaker %s, key %s, next %d, event %v", c, tt.breaker, tt.key, tt.next, tt.event)
+			if c.breaker != tt.breaker || c.againOnly != tt.againOnly || c.key != tt.key || c.next != tt.next || (c.event != "") != tt.event {
+				t.Fatalf("consequence = %+v, want breaker %s (again only %v), key %s, next %d, event %v",
+					c, tt.breaker, tt.againOnly, tt.key, tt.next, tt.event)
 			}
 		})
 	}

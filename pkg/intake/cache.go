@@ -62,15 +62,15 @@ func (in *Intake) completeFromHit(ctx context.Context, j *job.Job, hit Hit) (*Ac
 
 // answeredMeanwhile closes the race between a cache miss and winning the
 // coalescing claim: an identical request that finished in between stored
-// its answer before it released its claim, so the leader looks once more
-// and, on a hit, ends j with it (and releases the claim) instead of calling
-// the provider again.
+// its answer before it released its claim, so the leader looks once more —
+// for that exact entry only, one indexed query — and, on a hit, ends j
+// with it (and releases the claim) instead of calling the provider again.
 func (in *Intake) answeredMeanwhile(ctx context.Context, j *job.Job) (*Accepted, bool) {
 	if in.cache == nil || !in.cfg.CacheEnabled || j.CacheKey == "" || !j.CacheRead || in.coalescer == nil {
 		return nil, false
 	}
-	hit, err := in.cache.Lookup(ctx, j)
-	if err != nil || (hit.Kind != "exact" && hit.Kind != "semantic") {
+	hit, err := in.cache.LookupExact(ctx, j)
+	if err != nil || hit.Kind != "exact" {
 		return nil, false
 	}
 	a, err := in.completeFromHit(ctx, j, hit)

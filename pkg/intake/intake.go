@@ -108,6 +108,8 @@ type Cache interface {
 	// Key returns the coalescing/cache key of a job ("" = uncacheable).
 	Key(j *job.Job) string
 	Lookup(ctx context.Context, j *job.Job) (Hit, error)
+	// LookupExact finds only the entry of an identical request.
+	LookupExact(ctx context.Context, j *job.Job) (Hit, error)
 }
 
 // Hit is a cache answer.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -57,47 +58,48 @@ type Finisher interface {
 //
 // Every worker runs one; a Redis lock lets one sweep at a time.
 type Sweeper struct {
-	jobs     LiveJobs
-	queue    Requeuer
-	finisher Finisher
-	rdb      redis.Cmdable
-	lockKey  string
-	every    time.Duration
-	age      time.Duration
-	logger   loggerLike
+	d       SweeperDeps
+	lockKey string
 
 	stop chan struct{}
 	done chan struct{}
 }
 
-// loggerLike is the part of *slog.Logger the sweep uses.
-type loggerLike interface {
-	Info(msg string, args ...any)
-	Warn(msg string, args ...any)
+// SweeperDeps are a Sweeper's collaborators and timing.
+type SweeperDeps struct {
+	Jobs     LiveJobs
+	Queue    Requeuer
+	Finisher Finisher
+	Redis    redis.Cmdable
+	Prefix   string // of the lock key
+	Logger   *slog.Logger
+	// Every is how often it sweeps; default SweepEveryDefault (5s).
+	Every time.Duration
+	// Age is how old a live request must be to be looked at; default
+	// OrphanAgeDefault (10s).
+	Age time.Duration
 }
 
-// NewSweeper returns a sweeper; every and age of 0 take the defaults.
-func NewSweeper(d Deps, q Requeuer, f Finisher, every, age time.Duration) *Sweeper {
-	if every == 0 {
-		every = SweepEveryDefault
+// NewSweeper returns a sweeper.
+func NewSweeper(d SweeperDeps) *Sweeper {
+	if d.Every == 0 {
+		d.Every = SweepEveryDefault
 	}
-	if age == 0 {
-		age = OrphanAgeDefault
+	if d.Age == 0 {
+		d.Age = OrphanAgeDefault
 	}
-	jobs, _ := d.Jobs.(LiveJobs)
-	return &Sweeper{jobs: jobs, queue: q, finisher: f, rdb: d.Redis, lockKey: d.Prefix + "sweep:lock",
-		every: every, age: age, logger: d.Logger}
+	return &Sweeper{d: d, lockKey: d.Prefix + "sweep:lock"}
 }
 
 // Start runs the sweep every interval until Stop or ctx ends.
 func (s *Sweeper) Start(ctx context.Context) {
-	if s.jobs == nil || s.stop != nil {
+	if s.stop != nil {
 		return
 	}
 	s.stop, s.done = make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(s.done)
-		t := time.NewTicker(s.every)
+		t := time.NewTicker(s.d.Every)
 		defer t.Stop()
 		for {
 			select {
@@ -107,7 +109,7 @@ func (s *Sweeper) Start(ctx context.Context) {
 				return
 			case <-t.C:
 				if err := s.Sweep(ctx); err != nil {
-					s.logger.Warn("maintenance: sweep", "err", err)
+					s.d.Logger.Warn("maintenance: sweep", "err", err)
 				}
 			}
 		}
@@ -129,20 +131,20 @@ func (s *Sweeper) Stop() {
 
 // Sweep runs one sweep unless another process holds the lock.
 func (s *Sweeper) Sweep(ctx context.Context) error {
-	ok, err := s.rdb.SetNX(ctx, s.lockKey, "1", s.every).Result()
+	ok, err := s.d.Redis.SetNX(ctx, s.lockKey, "1", s.d.Every).Result()
 	if err != nil {
 		return fmt.Errorf("lock: %w", err)
 	}
 	if !ok {
 		return nil
 	}
-	ids, err := s.jobs.Live(ctx, time.Now().Add(-s.age), sweepBatch)
+	ids, err := s.d.Jobs.Live(ctx, time.Now().Add(-s.d.Age), sweepBatch)
 	if err != nil {
 		return err
 	}
 	for _, id := range ids {
 		if err := s.one(ctx, id); err != nil {
-			s.logger.Warn("maintenance: sweep a request", "request_id", id, "err", err)
+			s.d.Logger.Warn("maintenance: sweep a request", "request_id", id, "err", err)
 		}
 	}
 	return nil
@@ -150,28 +152,28 @@ func (s *Sweeper) Sweep(ctx context.Context) error {
 
 // one looks at one live request.
 func (s *Sweeper) one(ctx context.Context, id string) error {
-	rec, err := s.jobs.Get(ctx, id)
+	rec, err := s.d.Jobs.Get(ctx, id)
 	if errors.Is(err, job.ErrNotFound) {
-		return s.jobs.Forget(ctx, id)
+		return s.d.Jobs.Forget(ctx, id)
 	}
 	if err != nil {
 		return err
 	}
 	if rec.Status.Terminal() {
-		return s.jobs.Forget(ctx, id)
+		return s.d.Jobs.Forget(ctx, id)
 	}
 	if rec.State.CoalescedInto != "" {
 		return s.follow(ctx, rec)
 	}
-	requeued, archived, err := s.queue.Requeue(ctx, id, rec.Job.Priority)
+	requeued, archived, err := s.d.Queue.Requeue(ctx, id, rec.Job.Priority)
 	switch {
 	case err != nil:
 		return err
 	case archived:
-		s.logger.Warn("maintenance: a request's task was archived after its retries; failing it", "request_id", id)
+		s.d.Logger.Warn("maintenance: a request's task was archived after its retries; failing it", "request_id", id)
 		return s.end(ctx, rec, finish.Failed(rec.State, job.CodeLost, "lost: its task was archived after its retries"))
 	case requeued:
-		s.logger.Warn("maintenance: a request had no task (a crash between storing and enqueueing it?); enqueued it again",
+		s.d.Logger.Warn("maintenance: a request had no task (a crash between storing and enqueueing it?); enqueued it again",
 			"request_id", id)
 	}
 	return nil
@@ -179,7 +181,7 @@ func (s *Sweeper) one(ctx context.Context, id string) error {
 
 // follow ends a coalesced follower once its leader has ended.
 func (s *Sweeper) follow(ctx context.Context, rec *job.Record) error {
-	leader, err := s.jobs.Get(ctx, rec.State.CoalescedInto)
+	leader, err := s.d.Jobs.Get(ctx, rec.State.CoalescedInto)
 	if err != nil && !errors.Is(err, job.ErrNotFound) {
 		return err
 	}
@@ -198,15 +200,15 @@ func (s *Sweeper) follow(ctx context.Context, rec *job.Record) error {
 	// lost) or is gone: the follower gets a call of its own.
 	st := rec.State
 	st.CoalescedInto, st.Cached = "", ""
-	if _, err := s.jobs.Apply(ctx, rec.Job.ID, job.Change{State: &st}); err != nil {
+	if _, err := s.d.Jobs.Apply(ctx, rec.Job.ID, job.Change{State: &st}); err != nil {
 		return err
 	}
-	_, _, err = s.queue.Requeue(ctx, rec.Job.ID, rec.Job.Priority)
+	_, _, err = s.d.Queue.Requeue(ctx, rec.Job.ID, rec.Job.Priority)
 	return err
 }
 
 func (s *Sweeper) end(ctx context.Context, rec *job.Record, e finish.Ending) error {
-	if err := s.finisher.Finish(ctx, rec, e); err != nil && !errors.Is(err, finish.ErrEnded) {
+	if err := s.d.Finisher.Finish(ctx, rec, e); err != nil && !errors.Is(err, finish.ErrEnded) {
 		return err
 	}
 	return nil

@@ -104,6 +104,17 @@ func (a cacheAdapter) Lookup(ctx context.Context, j *job.Job) (intake.Hit, error
 	if h.Embedding != nil {
 		j.Embedding = h.Embedding
 	}
+	return a.hit(h, err)
+}
+
+// LookupExact implements intake.Cache: the exact entry only.
+func (a cacheAdapter) LookupExact(ctx context.Context, j *job.Job) (intake.Hit, error) {
+	h, err := a.c.LookupExact(ctx, cacheKey(j))
+	return a.hit(h, err)
+}
+
+// hit turns the cache's answer into intake's.
+func (a cacheAdapter) hit(h cache.Hit, err error) (intake.Hit, error) {
 	if err != nil {
 		a.m.CacheUnavailable.Inc()
 		return intake.Hit{}, err

@@ -152,5 +152,6 @@ func (b *Base) maintenanceDeps() maintenance.Deps {
 // Sweeper builds the orphan sweep every worker runs (maintenance.Sweeper):
 // start it with Start(ctx), stop it with Stop.
 func (b *Base) Sweeper() *maintenance.Sweeper {
-	return maintenance.NewSweeper(b.maintenanceDeps(), b.Queue, b.Finisher, 0, 0)
+	return maintenance.NewSweeper(maintenance.SweeperDeps{Jobs: b.Jobs, Queue: b.Queue, Finisher: b.Finisher,
+		Redis: b.Redis, Prefix: b.Cfg.Redis.Prefix, Logger: b.Logger})
 }
