@@ -8,12 +8,9 @@ package intake
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"time"
 
 	"bulwark/pkg/breaker"
@@ -206,13 +203,6 @@ func (e *RateLimitError) Error() string {
 	return fmt.Sprintf("tenant rate limit exceeded; retry after %s", e.RetryAfter)
 }
 func (e *RateLimitError) Is(t error) bool { return t == ErrRateLimited }
-
-// NewID returns a new request id: time-ordered and unguessable.
-func NewID() string {
-	b := make([]byte, 10)
-	_, _ = rand.Read(b)
-	return "req_" + strconv.FormatInt(time.Now().UnixMilli(), 36) + hex.EncodeToString(b)
-}
 
 // Submit accepts a submission for tenant t.
 func (in *Intake) Submit(ctx context.Context, t Tenant, s Submission) (*Accepted, error) {

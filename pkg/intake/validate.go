@@ -111,7 +111,7 @@ func (in *Intake) build(t Tenant, s Submission) (*job.Job, error) {
 	}
 	now := time.Now()
 	j := &job.Job{
-		ID: NewID(), Tenant: t.Name, Priority: p, Route: s.Route, Request: req, CaseID: s.CaseID, Layer: layer,
+		ID: job.NewID(now), Tenant: t.Name, Priority: p, Route: s.Route, Request: req, CaseID: s.CaseID, Layer: layer,
 		ToolResultsHash: s.ToolResultsHash, Metadata: s.Metadata,
 		CacheRead: !s.NoCacheRead, CacheWrite: !s.NoCacheWrite,
 		CreatedAt: now, Deadline: now.Add(in.cfg.MaxWait),

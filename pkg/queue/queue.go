@@ -25,18 +25,22 @@
 package queue
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"bulwark/pkg/job"
 	"bulwark/pkg/priority"
+	"bulwark/pkg/slots"
 )
 
 // TaskType is the asynq task type of a provider call.
@@ -52,10 +56,10 @@ const (
 
 // Waiters lists the requests that left asynq but wait for a global slot,
 // per priority in the order they will be granted, and the slots each
-// priority could take now (slots.Limiter).
+// priority could take now with the ages of those in use (slots.Limiter).
 type Waiters interface {
 	Waiting(ctx context.Context) (map[priority.Priority][]string, error)
-	Free(ctx context.Context) (map[priority.Priority]int, error)
+	Occupancy(ctx context.Context) (slots.Occupancy, error)
 }
 
 // ErrQueueFull is returned by Admit when the queues are at MaxDepth.
@@ -210,15 +214,15 @@ func (q *Queue) Depth(ctx context.Context) (map[priority.Priority]int, error) {
 
 // free returns the slots each priority could take now, or none without
 // Config.Waiters.
-func (q *Queue) free(ctx context.Context) (map[priority.Priority]int, error) {
+func (q *Queue) occupancy(ctx context.Context) (slots.Occupancy, error) {
 	if q.cfg.Waiters == nil {
-		return nil, nil
+		return slots.Occupancy{}, nil
 	}
-	f, err := q.cfg.Waiters.Free(ctx)
+	o, err := q.cfg.Waiters.Occupancy(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("queue: free slots: %w", err)
+		return o, fmt.Errorf("queue: slots in use: %w", err)
 	}
-	return f, nil
+	return o, nil
 }
 
 // waiting returns the slot waiters, or none without Config.Waiters.
@@ -337,12 +341,12 @@ type Spot struct {
 	ETA      time.Duration
 }
 
-// Spots returns the spot of every queued request, keyed by id: those
-// waiting for a slot first (they left asynq earlier), then the pending
-// ones, most urgent priority first. The ETA counts the request's turn, its
-// position less the slots its priority could take at once (the first
-// requests of a storm start at once rather than behind each other), at the
-// drain rate.
+// Spots returns the spot of every queued request, keyed by id: most urgent
+// priority first, and within one the order the slots will serve them
+// (inTurn). The ETA counts the request's turn, its position less the slots
+// its priority could take at once (the first requests of a storm start at
+// once rather than behind each other), and waits for that many slot
+// releases (eta.go).
 func (q *Queue) Spots(ctx context.Context) (map[string]Spot, error) {
 	pipe := q.rdb.Pipeline()
 	lists := map[priority.Priority]*redis.StringSliceCmd{}
@@ -356,7 +360,7 @@ func (q *Queue) Spots(ctx context.Context) (map[string]Spot, error) {
 	if err != nil {
 		return nil, err
 	}
-	free, err := q.free(ctx)
+	occ, err := q.occupancy(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -364,22 +368,50 @@ func (q *Queue) Spots(ctx context.Context) (map[string]Spot, error) {
 	if err != nil {
 		return nil, err
 	}
+	d := newDrain(rate, occ.Ages)
 	out := map[string]Spot{}
 	ahead := 0 // requests before the current one
 	for _, p := range priority.All {
-		spot := func(n int) Spot { return Spot{Position: n, ETA: ETAFor(max(1, n-free[p]), rate)} }
-		for _, id := range waiting[p] {
+		for _, id := range inTurn(waiting[p], lists[p].Val(), occ.Free[p]-ahead) {
 			ahead++
-			out[id] = spot(ahead)
+			out[id] = Spot{Position: ahead, ETA: d.eta(ahead - occ.Free[p])}
 		}
-		ids := lists[p].Val() // newest first
-		n := len(ids)
-		for i, id := range ids {
-			out[id] = spot(ahead + (n - i))
-		}
-		ahead += n
 	}
 	return out, nil
+}
+
+// inTurn returns one priority's queued requests in the order they will get
+// a slot, when free of the slots it could take are free now. Those go to
+// the first to ask: the waiters, then the pending requests in the order
+// asynq hands them out (its list, oldest enqueue first; a storm's
+// submissions reach it in any order). The others are served oldest first:
+// the slots grant waiters by age, and a pending request joins them as soon
+// as a worker takes it, so an older one overtakes younger waiters. Ids that
+// carry no creation time (job.IDTime) keep their place, ahead of the
+// others. pending is asynq's list, newest first.
+func inTurn(waiters, pending []string, free int) []string {
+	ids := make([]string, 0, len(waiters)+len(pending))
+	ids = append(ids, waiters...)
+	for i := len(pending) - 1; i >= 0; i-- {
+		ids = append(ids, pending[i])
+	}
+	rest := ids[min(max(free, 0), len(ids)):]
+	slices.SortStableFunc(rest, func(a, b string) int {
+		ta, oka := job.IDTime(a)
+		tb, okb := job.IDTime(b)
+		if !oka || !okb {
+			return cmp.Compare(b2i(oka), b2i(okb))
+		}
+		return cmp.Or(ta.Compare(tb), strings.Compare(a, b)) // the slots' order: Since, then id
+	})
+	return ids
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // SpotOf returns one request's spot; a zero Spot when it is not queued.

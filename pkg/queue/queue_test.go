@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"bulwark/pkg/job"
 	"bulwark/pkg/priority"
+	"bulwark/pkg/slots"
 	"bulwark/pkg/queue"
 	"bulwark/pkg/testenv"
 )
@@ -77,12 +79,19 @@ func TestPositionsAndAdmission(t *testing.T) {
 
 // fakeWaiters stands in for slots.Limiter: requests a worker took from
 // asynq that wait for a global slot.
-type fakeWaiters map[priority.Priority][]string
+type fakeWaiters struct {
+	waiting map[priority.Priority][]string
+	free    map[priority.Priority]int
+}
 
-func (f fakeWaiters) Waiting(context.Context) (map[priority.Priority][]string, error) { return f, nil }
+func (f fakeWaiters) Waiting(context.Context) (map[priority.Priority][]string, error) {
+	return f.waiting, nil
+}
 
-func (f fakeWaiters) Free(context.Context) (map[priority.Priority]int, error) {
-	return map[priority.Priority]int{priority.Low: 3}, nil
+// Occupancy says nothing about the ages of the slots in use: the ETA is the
+// plain drain-rate one.
+func (f fakeWaiters) Occupancy(context.Context) (slots.Occupancy, error) {
+	return slots.Occupancy{Free: f.free}, nil
 }
 
 // A request waiting for a slot left asynq before any pending one of its
@@ -91,7 +100,8 @@ func (f fakeWaiters) Free(context.Context) (map[priority.Priority]int, error) {
 func TestSlotWaitersAreQueued(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	w := fakeWaiters{priority.Normal: {"wn1", "wn2"}, priority.Critical: {"wc1"}}
+	w := fakeWaiters{waiting: map[priority.Priority][]string{priority.Normal: {"wn1", "wn2"}, priority.Critical: {"wc1"}},
+		free: map[priority.Priority]int{priority.Low: 3}}
 	q := queue.New(testenv.Redis(t), queue.Config{MaxDepth: 6, Prefix: "t:", Waiters: w})
 	defer q.Close()
 	for _, e := range []struct {
@@ -142,5 +152,48 @@ func TestRateUsesCapacity(t *testing.T) {
 	}
 	if r, err := q.Rate(ctx); err != nil || r != 8 {
 		t.Fatalf("rate after a burst = %v, %v; want capped at 8", r, err)
+	}
+}
+
+// A pending request older than the slot waiters of its priority is ahead of
+// them: the slots serve the oldest first once a worker takes it from asynq.
+// Free slots go to the first to ask: waiters, then pending requests in
+// asynq's order, whatever their age.
+func TestTurnOrder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	t0 := time.Now()
+	ids := make([]string, 8) // ids[ms]: created ms after t0
+	for ms := range ids {
+		ids[ms] = job.NewID(t0.Add(time.Duration(ms) * time.Millisecond))
+	}
+	id := func(ms int) string { return ids[ms] }
+	for _, tt := range []struct {
+		name             string
+		waiting, pending []string // pending in enqueue order
+		free             int
+		want             []string
+	}{
+		{"older pending overtakes", []string{id(1), id(2)}, []string{id(0)}, 0, []string{id(0), id(1), id(2)}},
+		{"free slots go in asynq's order", nil, []string{id(5), id(3), id(4), id(1)}, 2, []string{id(5), id(3), id(1), id(4)}},
+		{"waiters ask first", []string{id(7)}, []string{id(2), id(1)}, 1, []string{id(7), id(1), id(2)}},
+	} {
+		w := fakeWaiters{waiting: map[priority.Priority][]string{priority.Low: tt.waiting}, free: map[priority.Priority]int{priority.Low: tt.free}}
+		q := queue.New(testenv.Redis(t), queue.Config{Prefix: "t:" + tt.name + ":", Waiters: w})
+		for _, p := range tt.pending {
+			if err := q.Enqueue(ctx, p, priority.Low, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		spots, err := q.Spots(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, w := range tt.want {
+			if spots[w].Position != i+1 {
+				t.Errorf("%s: position of %s = %d, want %d (all: %v)", tt.name, w, spots[w].Position, i+1, spots)
+			}
+		}
+		_ = q.Close()
 	}
 }

@@ -1,9 +1,12 @@
 package slots
 
 import (
+	"context"
 	"testing"
+	"time"
 
 	"bulwark/pkg/priority"
+	"bulwark/pkg/testenv"
 )
 
 // Free tells the queue what each priority could take now: CRITICAL's unused
@@ -25,5 +28,42 @@ func TestFreeOf(t *testing.T) {
 				t.Errorf("used %v: free[%s] = %d, want %d", tt.used, p, got[p], w)
 			}
 		}
+	}
+}
+
+// Occupancy reports how long each slot in use has been held, oldest first,
+// and forgets a slot once it is released: the queue estimates from it when
+// the next slots free up.
+func TestOccupancyAges(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	l, err := New(testenv.Redis(t), Config{Total: 20, Reserved: map[priority.Priority]int{priority.Critical: 5}, Prefix: "t:" + t.Name() + ":"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := time.Now()
+	a, err := l.TryAcquire(ctx, priority.Low, Waiter{ID: "a", Since: before})
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(60 * time.Millisecond) // the time whose passing is measured
+	if _, err := l.TryAcquire(ctx, priority.Low, Waiter{ID: "b", Since: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	o, err := l.Occupancy(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(o.Ages) != 2 || o.Ages[0]-o.Ages[1] < 50*time.Millisecond || o.Ages[0] > time.Since(before)+10*time.Millisecond {
+		t.Fatalf("ages %v: want the first held about 60 ms longer, at most %s", o.Ages, time.Since(before))
+	}
+	if o.Free[priority.Low] != 13 || o.Free[priority.Critical] != 18 {
+		t.Errorf("free %v: want LOW 13 (20 - 2 - CRITICAL's 5), CRITICAL 18", o.Free)
+	}
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if o, err = l.Occupancy(ctx); err != nil || len(o.Ages) != 1 || o.Ages[0] > 50*time.Millisecond {
+		t.Fatalf("after releasing the older slot: %v, %v; want one age under 50 ms", o.Ages, err)
 	}
 }

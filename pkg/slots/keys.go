@@ -12,6 +12,11 @@ func leasesKey(prefix string) string { return prefix + "leases" }
 // ownersKey is the hash from lease id to the priority (1–4) holding it.
 func ownersKey(prefix string) string { return prefix + "owners" }
 
+// acquiredKey is the sorted set of live lease ids scored by when they were
+// granted (Unix ms, Redis time): the ages of the slots in use, from which
+// the queue estimates when the next ones free up.
+func acquiredKey(prefix string) string { return prefix + "acquired" }
+
 // waitKey is the sorted set of p's registered waiters, scored by Since
 // (Unix ms); equal scores sort by id, which gives the FIFO order.
 func waitKey(prefix string, p priority.Priority) string { return prefix + "wait:" + p.String() }

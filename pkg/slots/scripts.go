@@ -19,6 +19,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 // KEYS[1]      leases zset, KEYS[2] owners hash
 // KEYS[3..6]   waiter zsets of priorities 1..4 (id → since ms)
 // KEYS[7..10]  waiter expiry zsets of priorities 1..4 (id → expiry ms)
+// KEYS[11]     acquired zset (lease id → granted ms)
 // ARGV[1] total, ARGV[2..5] reserves of priorities 1..4, ARGV[6] priority,
 // ARGV[7] waiter id, ARGV[8] since ms, ARGV[9] lease id, ARGV[10] lease
 // ttl ms, ARGV[11] waiter ttl ms
@@ -26,8 +27,13 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 // (registration kept until now + waiter ttl).
 var acquireScript = redis.NewScript(luaNow + `
 local gone = redis.call("ZRANGEBYSCORE", KEYS[1], "-inf", now)
-for _, id in ipairs(gone) do redis.call("HDEL", KEYS[2], id) end
+for _, id in ipairs(gone) do
+  redis.call("HDEL", KEYS[2], id)
+  redis.call("ZREM", KEYS[11], id)
+end
 redis.call("ZREMRANGEBYSCORE", KEYS[1], "-inf", now)
+-- Grant times of leases that a release of an older version left behind.
+redis.call("ZREMRANGEBYSCORE", KEYS[11], "-inf", now - 86400000)
 for q = 1, 4 do
   local dead = redis.call("ZRANGEBYSCORE", KEYS[6 + q], "-inf", now)
   for _, id in ipairs(dead) do redis.call("ZREM", KEYS[2 + q], id) end
@@ -74,6 +80,7 @@ redis.call("ZREM", KEYS[2 + p], id)
 redis.call("ZREM", KEYS[6 + p], id)
 redis.call("ZADD", KEYS[1], now + tonumber(ARGV[10]), ARGV[9])
 redis.call("HSET", KEYS[2], ARGV[9], p)
+redis.call("ZADD", KEYS[11], now, ARGV[9])
 return 1
 `)
 
@@ -91,7 +98,7 @@ return redis.call("ZREM", KEYS[1], ARGV[1])
 // already expired is lost even if no script has dropped it yet: its slot
 // no longer counts, so it may already have been granted to someone else.
 //
-// KEYS[1] leases zset, KEYS[2] owners hash
+// KEYS[1] leases zset, KEYS[2] owners hash, KEYS[3] acquired zset
 // ARGV[1] lease id, ARGV[2] ttl ms
 // Reply: 1 renewed, 0 lost (expired or released; an expired one is dropped).
 var renewScript = redis.NewScript(luaNow + `
@@ -101,31 +108,40 @@ if exp and tonumber(exp) > now then
   return 1
 end
 redis.call("ZREM", KEYS[1], ARGV[1])
+redis.call("ZREM", KEYS[3], ARGV[1])
 redis.call("HDEL", KEYS[2], ARGV[1])
 return 0
 `)
 
 // releaseScript frees a lease.
 //
-// KEYS[1] leases zset, KEYS[2] owners hash
+// KEYS[1] leases zset, KEYS[2] owners hash, KEYS[3] acquired zset
 // ARGV[1] lease id
 // Reply: 1 freed, 0 it was already gone.
 var releaseScript = redis.NewScript(`
 redis.call("ZREM", KEYS[1], ARGV[1])
+redis.call("ZREM", KEYS[3], ARGV[1])
 return redis.call("HDEL", KEYS[2], ARGV[1])
 `)
 
-// inUseScript counts live leases per priority; it writes nothing.
+// inUseScript counts live leases per priority and reads their ages; it
+// writes nothing.
 //
-// KEYS[1] leases zset, KEYS[2] owners hash
-// Reply: {used1, used2, used3, used4}.
+// KEYS[1] leases zset, KEYS[2] owners hash, KEYS[3] acquired zset
+// Reply: {used1, used2, used3, used4, age ms of each live lease that has a
+// grant time...}.
 var inUseScript = redis.NewScript(luaNow + `
-local used = {0, 0, 0, 0}
+local used, ages = {0, 0, 0, 0}, {}
 local live = redis.call("ZRANGEBYSCORE", KEYS[1], string.format("(%d", now), "+inf")
 for _, id in ipairs(live) do
   local p = redis.call("HGET", KEYS[2], id)
-  if p then used[tonumber(p)] = used[tonumber(p)] + 1 end
+  if p then
+    used[tonumber(p)] = used[tonumber(p)] + 1
+    local at = redis.call("ZSCORE", KEYS[3], id)
+    if at then ages[#ages + 1] = math.max(0, now - tonumber(at)) end
+  end
 end
+for _, a in ipairs(ages) do used[#used + 1] = a end
 return used
 `)
 

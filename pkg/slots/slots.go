@@ -1,12 +1,14 @@
 package slots
 
 import (
+	"cmp"
 	"context"
 	crand "crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"time"
 
@@ -63,6 +65,7 @@ func New(rdb redis.Scripter, cfg Config) (*Limiter, error) {
 	}
 	l := &Limiter{rdb: rdb, cfg: cfg}
 	l.keys = append([]string{leasesKey(cfg.Prefix), ownersKey(cfg.Prefix)}, waitKeys(cfg.Prefix)...)
+	l.keys = append(l.keys, acquiredKey(cfg.Prefix))
 	for _, p := range priority.All {
 		l.reserves = append(l.reserves, cfg.Reserved[p])
 	}
@@ -201,20 +204,37 @@ func (s *Slot) Release(ctx context.Context) error {
 
 // InUse returns the live slots per priority (metrics, admin).
 func (l *Limiter) InUse(ctx context.Context) (map[priority.Priority]int, error) {
+	o, err := l.occupancy(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return o.used, nil
+}
+
+// occupancy is one reading of the slots in use.
+type occupancy struct {
+	used map[priority.Priority]int
+	ages []time.Duration // of the leases that have a grant time, any order
+}
+
+func (l *Limiter) occupancy(ctx context.Context) (occupancy, error) {
 	ctx, cancel := context.WithTimeout(ctx, l.cfg.RedisTimeout)
 	defer cancel()
 	vals, err := inUseScript.Run(ctx, l.rdb, l.leaseKeys()).Int64Slice()
 	if err != nil {
-		return nil, fmt.Errorf("slots: in use: %w", err)
+		return occupancy{}, fmt.Errorf("slots: in use: %w", err)
 	}
-	if len(vals) != len(priority.All) {
-		return nil, fmt.Errorf("slots: in use: unexpected reply %v", vals)
+	if len(vals) < len(priority.All) {
+		return occupancy{}, fmt.Errorf("slots: in use: unexpected reply %v", vals)
 	}
-	out := make(map[priority.Priority]int, len(priority.All))
+	o := occupancy{used: make(map[priority.Priority]int, len(priority.All))}
 	for i, p := range priority.All {
-		out[p] = int(vals[i])
+		o.used[p] = int(vals[i])
 	}
-	return out, nil
+	for _, ms := range vals[len(priority.All):] {
+		o.ages = append(o.ages, time.Duration(ms)*time.Millisecond)
+	}
+	return o, nil
 }
 
 // Waiting returns the live waiter ids of each priority in the order they
@@ -242,7 +262,7 @@ func (l *Limiter) Waiting(ctx context.Context) (map[priority.Priority][]string, 
 }
 
 func (l *Limiter) leaseKeys() []string {
-	return []string{leasesKey(l.cfg.Prefix), ownersKey(l.cfg.Prefix)}
+	return []string{leasesKey(l.cfg.Prefix), ownersKey(l.cfg.Prefix), acquiredKey(l.cfg.Prefix)}
 }
 
 func checkAsk(p priority.Priority, w Waiter) error {
@@ -287,16 +307,26 @@ func newID() string {
 	return strconv.FormatInt(time.Now().UnixNano(), 36) + "-" + hex.EncodeToString(b)
 }
 
-// Free returns how many slots each priority could take now if it asked:
-// the free slots, less CRITICAL's unused reserve for every other priority.
-// It is an estimate for queue ETAs (waiters already counted elsewhere are
-// not subtracted); Acquire alone decides.
-func (l *Limiter) Free(ctx context.Context) (map[priority.Priority]int, error) {
-	used, err := l.InUse(ctx)
+// Occupancy is one reading of the slots, for queue estimates.
+type Occupancy struct {
+	// Free is how many slots each priority could take now if it asked:
+	// the free slots, less CRITICAL's unused reserve for every other
+	// priority (waiters already counted elsewhere are not subtracted).
+	Free map[priority.Priority]int
+	// Ages are how long each slot in use has been held (Redis time),
+	// oldest first.
+	Ages []time.Duration
+}
+
+// Occupancy reads the slots in one round trip. It is an estimate for queue
+// ETAs; Acquire alone decides.
+func (l *Limiter) Occupancy(ctx context.Context) (Occupancy, error) {
+	o, err := l.occupancy(ctx)
 	if err != nil {
-		return nil, err
+		return Occupancy{}, err
 	}
-	return freeOf(l.cfg, used), nil
+	slices.SortFunc(o.ages, func(a, b time.Duration) int { return cmp.Compare(b, a) })
+	return Occupancy{Free: freeOf(l.cfg, o.used), Ages: o.ages}, nil
 }
 
 // freeOf is Free's arithmetic on one reading of the slots in use.

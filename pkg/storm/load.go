@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,6 +43,7 @@ type outcome struct {
 	// Async only.
 	critical  bool
 	startedAt time.Time // first `started` event
+	id        string    // Bulwark's request id
 	estimates []estimate
 }
 
@@ -138,6 +141,11 @@ func Run(ctx context.Context, env Env, sc Scenario) (res Result, err error) {
 	watch.poll(sctx)
 	res.BreakerOpenings, res.OpenedBreakers, res.OpeningsByName, res.BreakerPollErrors = watch.result()
 	res.summarise(outcomes, d.prompts)
+	if env.EstimatesDir != "" && sc.Mode == Async {
+		if err := writeEstimates(filepath.Join(env.EstimatesDir, sc.Name+"-estimates.csv"), outcomes); err != nil {
+			return res, err
+		}
+	}
 	if serr == nil {
 		t := stats.Total()
 		// Chat calls only (the local embedder makes no embeddings calls;
@@ -467,6 +475,7 @@ func (d *driver) async(ctx context.Context, i int) outcome {
 	case v.Status == job.StatusQueued && v.EstimatedWaitSeconds != nil:
 		o.estimates = append(o.estimates, estimate{value: waitOf(*v.EstimatedWaitSeconds, v.EstimatedWaitMS), at: now, first: true})
 	}
+	o.id = v.ID
 	return d.follow(ctx, v.ID, prompt, o)
 }
 
@@ -624,6 +633,36 @@ func setFault(ctx context.Context, client *http.Client, mockURL, fault string) e
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
 		return fmt.Errorf("storm: set fault: HTTP %d", resp.StatusCode)
+	}
+	return nil
+}
+
+// writeEstimates writes every queue estimate the clients received as CSV,
+// one row each: the request's index and id, whether it was critical, when
+// it was sent and when the estimate arrived (seconds after the first send),
+// the estimated and the real wait (seconds), and whether it was the
+// request's first estimate. It is how the ETA model was checked against
+// what happened (storm -estimates).
+func writeEstimates(path string, outcomes []outcome) error {
+	var t0 time.Time
+	for _, o := range outcomes {
+		if o.sent && (t0.IsZero() || o.sentAt.Before(t0)) {
+			t0 = o.sentAt
+		}
+	}
+	var b strings.Builder
+	b.WriteString("request,id,critical,sent_s,at_s,estimate_s,real_s,first\n")
+	for i, o := range outcomes {
+		for _, e := range o.estimates {
+			if !e.resolved {
+				continue
+			}
+			fmt.Fprintf(&b, "%d,%s,%t,%.3f,%.3f,%.3f,%.3f,%t\n", i, o.id, o.critical,
+				o.sentAt.Sub(t0).Seconds(), e.at.Sub(t0).Seconds(), e.value.Seconds(), e.real.Seconds(), e.first)
+		}
+	}
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		return fmt.Errorf("storm: write the estimates: %w", err)
 	}
 	return nil
 }

@@ -193,7 +193,7 @@ func (r Result) Misses(t Targets) []string {
 		for _, e := range []struct {
 			what string
 			s    ErrorStats
-		}{{"queue estimates", r.ETA}, {"first estimates (warm)", r.ETAFirstWarm}} {
+		}{{"queue estimates", r.ETA}, {"first estimates", r.ETAFirst}} {
 			if e.s.N == 0 || e.s.P50 > t.MaxETAErrP50 || e.s.P95 > t.MaxETAErrP95 {
 				out = append(out, fmt.Sprintf("%s off by %.2f at the median, %.2f at p95 (n=%d; want <= %.2f, %.2f)",
 					e.what, e.s.P50, e.s.P95, e.s.N, t.MaxETAErrP50, t.MaxETAErrP95))

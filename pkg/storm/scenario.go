@@ -90,8 +90,8 @@ type Targets struct {
 	// to their started event.
 	MaxCriticalP99 time.Duration
 	// MaxETAErrP50 and MaxETAErrP95 bound the relative error of queue
-	// estimates: every estimate, and each request's first one once a call
-	// latency is known (Result.ETAFirstWarm).
+	// estimates: every estimate, and each request's first one, cold start
+	// included (Result.ETAFirst).
 	MaxETAErrP50, MaxETAErrP95 float64
 }
 

@@ -159,12 +159,12 @@ func TestMisses(t *testing.T) {
 	sc, _ := NewScenario("S1-slow-async", 400, 50, 0)
 	good := ErrorStats{N: 400, P50: 0.1, P95: 0.4}
 	ok := Result{Total: 400, Answered: 400, Goodput: 0.97, CallsPerRequest: 1, CriticalWaits: 20, CriticalP99: 2 * time.Second,
-		ETA: good, ETAFirstWarm: good}
+		ETA: good, ETAFirst: good}
 	if m := ok.Misses(sc.Targets); len(m) != 0 {
 		t.Errorf("misses of a good result: %v", m)
 	}
 	bad := Result{Total: 400, Answered: 399, Goodput: 0.5, CallsPerRequest: 1.5, BreakerOpenings: 1, OpenedBreakers: []string{"all"},
-		CriticalWaits: 20, CriticalP99: 3 * time.Second, ETA: ErrorStats{N: 400, P50: 0.3, P95: 0.4}, ETAFirstWarm: ErrorStats{N: 300, P50: 0.1, P95: 0.9}}
+		CriticalWaits: 20, CriticalP99: 3 * time.Second, ETA: ErrorStats{N: 400, P50: 0.3, P95: 0.4}, ETAFirst: ErrorStats{N: 400, P50: 0.1, P95: 0.9}}
 	if m := bad.Misses(sc.Targets); len(m) != 7 {
 		t.Errorf("misses of a bad result: %d %v, want 7", len(m), m)
 	}

@@ -30,6 +30,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	budget := fs.Duration("budget", 285*time.Second, "time for all scenarios together, after the build; a scenario's limit shrinks to fit")
 	keep := fs.Bool("keep", false, "keep each scenario's folder (config.yaml, process logs) and print it")
 	logs := fs.Bool("logs", false, "print the last lines of every process's log after each scenario")
+	estimates := fs.String("estimates", "", "folder to write each async scenario's queue estimates to, as <scenario>-estimates.csv")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -62,7 +63,7 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	printf(stdout, "storm: %d keys x %d RPM = %.0f requests/s capacity; mock enforcement window: %s\n",
 		Keys, KeyRPM, Capacity(), window)
 
-	env := Env{Bins: bins, PGAdminDSN: PGAdminDSN(), KeepDir: *keep}
+	env := Env{Bins: bins, PGAdminDSN: PGAdminDSN(), KeepDir: *keep, EstimatesDir: *estimates}
 	deadline := time.Now().Add(*budget)
 	var misses []string
 	for i, sc := range scenarios {

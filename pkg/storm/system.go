@@ -52,6 +52,9 @@ type Env struct {
 	// KeepDir keeps each scenario's temporary folder (config, logs) and
 	// reports it in Result.Dir.
 	KeepDir bool
+	// EstimatesDir, when set, receives each async scenario's queue
+	// estimates as <scenario>-estimates.csv (writeEstimates).
+	EstimatesDir string
 }
 
 // system is one scenario's set of processes, Redis and database.
