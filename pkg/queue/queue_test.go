@@ -9,8 +9,8 @@ import (
 
 	"bulwark/pkg/job"
 	"bulwark/pkg/priority"
-	"bulwark/pkg/slots"
 	"bulwark/pkg/queue"
+	"bulwark/pkg/slots"
 	"bulwark/pkg/testenv"
 )
 
