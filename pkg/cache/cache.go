@@ -109,11 +109,25 @@ type Cache struct {
 }
 
 // New returns a Cache over pool, which must have been built with
-// AfterConnect (or AfterConnectWith(cfg)). It creates, if missing, the
-// partial HNSW index for emb's vectors; several processes may call New at
-// once. New needs the database: its error wraps ErrUnavailable when the
-// database is the cause, so a caller can run without the cache and retry.
+// AfterConnect (or AfterConnectWith(cfg)), and prepares it (Prepare). New
+// needs the database: its error wraps ErrUnavailable when the database is
+// the cause, so a caller can use Open and Prepare later instead.
 func New(ctx context.Context, pool *pgxpool.Pool, emb embed.Embedder, cfg Config, logger *slog.Logger) (*Cache, error) {
+	c, err := Open(pool, emb, cfg, logger)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Prepare(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Open returns a Cache over pool without touching the database: for a
+// process that starts while PostgreSQL is down (every lookup and store then
+// fails with ErrUnavailable, and the caller bypasses the cache) and calls
+// Prepare once it is back.
+func Open(pool *pgxpool.Pool, emb embed.Embedder, cfg Config, logger *slog.Logger) (*Cache, error) {
 	if pool == nil || emb == nil || logger == nil {
 		return nil, errors.New("cache: New: pool, embedder and logger are required")
 	}
@@ -130,13 +144,18 @@ func New(ctx context.Context, pool *pgxpool.Pool, emb embed.Embedder, cfg Config
 	}
 	c := &Cache{pool: pool, emb: emb, cfg: cfg, guard: g, logger: logger, indexName: IndexName(emb.Name())}
 	c.buildSQL()
-	if err := c.checkConn(ctx); err != nil {
-		return nil, err
-	}
-	if err := c.ensureIndex(ctx); err != nil {
-		return nil, err
-	}
 	return c, nil
+}
+
+// Prepare checks that the pool's connections carry the settings the
+// lookups need and creates, if missing, the partial HNSW index for the
+// embedder's vectors; several processes may call it at once. Its error
+// wraps ErrUnavailable when the database is the cause.
+func (c *Cache) Prepare(ctx context.Context) error {
+	if err := c.checkConn(ctx); err != nil {
+		return err
+	}
+	return c.ensureIndex(ctx)
 }
 
 // IndexName returns the name of the partial HNSW index of an embedder's

@@ -3,7 +3,9 @@
 // Redis (pkg/job); history is for reports and for status look-ups after the
 // live record expired. Writes fail open: with PostgreSQL down a request
 // still runs, and the failure is counted and logged at most once per
-// interval.
+// interval. An outcome that could not be written waits in a Redis outbox
+// (Outbox) and is written by Replay once PostgreSQL is back, so that every
+// request that has a row reaches a terminal one.
 package history
 
 import (
@@ -33,6 +35,10 @@ type Store struct {
 	interval time.Duration
 	// OnError is called for every failed write (metrics); may be nil.
 	OnError func()
+	// OnDrop is called for every outcome the full outbox could not keep
+	// (metrics); may be nil.
+	OnDrop func()
+	outbox *outbox // nil: a failed outcome is only counted
 
 	mu         sync.Mutex
 	lastWarned time.Time
@@ -83,6 +89,14 @@ func (s *Store) Submitted(ctx context.Context, j *job.Job, status job.Status, ca
 // Finished records a request's outcome (upsert: the submission row may be
 // missing if PostgreSQL was down then). costUSD is the estimated cost.
 func (s *Store) Finished(ctx context.Context, rec *job.Record, costUSD float64) {
+	if err := s.finished(ctx, rec, costUSD); err != nil {
+		s.failed("finish", err)
+		s.keep(ctx, rec, costUSD)
+	}
+}
+
+// finished writes an outcome.
+func (s *Store) finished(ctx context.Context, rec *job.Record, costUSD float64) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	j, st := rec.Job, rec.State
@@ -124,9 +138,7 @@ func (s *Store) Finished(ctx context.Context, rec *job.Record, costUSD float64) 
 		j.ID, j.Tenant, int(j.Priority), string(rec.Status), string(j.Route.Provider), j.Route.Tier, served.p, served.t,
 		st.KeyID, st.Attempts, cached, j.CaseID, j.Layer, usage.InputTokens, usage.OutputTokens, costUSD,
 		j.CreatedAt, started, finished, waitMS, rec.Reason, resp)
-	if err != nil {
-		s.failed("finish", err)
-	}
+	return err
 }
 
 // Row is a request as history knows it.

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net/http"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -111,8 +112,14 @@ type Deps struct {
 	Models   Models       // optional: compat endpoints off without it
 	Metrics  http.Handler // optional: /metrics
 	Queues   http.Handler // optional: asynqmon under /admin/queues
-	Ready    map[string]Pinger
-	Logger   *slog.Logger
+	// Ready are the dependencies without which the API cannot serve:
+	// /readyz answers 503 while one is down.
+	Ready map[string]Pinger
+	// Degradable are those it serves without (PostgreSQL: cache and
+	// history are bypassed): /readyz stays 200 and names them in
+	// "degraded", so that a load balancer keeps the API in rotation.
+	Degradable map[string]Pinger
+	Logger     *slog.Logger
 }
 
 // Server is the HTTP API.
@@ -218,21 +225,28 @@ const (
 func (s *Server) ready(c *gin.Context) {
 	ctx, cancel := context.WithTimeout(c.Request.Context(), 2*time.Second)
 	defer cancel()
-	out := gin.H{}
-	ok := true
-	for name, ping := range s.d.Ready {
-		if err := ping(ctx); err != nil {
-			out[name] = "down"
-			ok = false
-			continue
+	checks := gin.H{}
+	check := func(pings map[string]Pinger) (down []string) {
+		for name, ping := range pings {
+			checks[name] = "ok"
+			if err := ping(ctx); err != nil {
+				checks[name] = "down"
+				down = append(down, name)
+			}
 		}
-		out[name] = "ok"
+		slices.Sort(down)
+		return down
 	}
-	status := http.StatusOK
-	if !ok {
+	out := gin.H{"checks": checks}
+	status, down := http.StatusOK, check(s.d.Ready)
+	out["ready"] = len(down) == 0
+	if len(down) > 0 {
 		status = http.StatusServiceUnavailable
 	}
-	c.JSON(status, gin.H{"ready": ok, "checks": out})
+	if degraded := check(s.d.Degradable); len(degraded) > 0 {
+		out["degraded"] = degraded
+	}
+	c.JSON(status, out)
 }
 
 // limitBody caps request bodies; reading past the cap fails with

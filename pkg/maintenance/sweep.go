@@ -38,6 +38,12 @@ type Requeuer interface {
 	Requeue(ctx context.Context, id string, p priority.Priority) (requeued, archived bool, err error)
 }
 
+// HistoryReplayer writes the request outcomes that history kept while
+// PostgreSQL was down (history.Store).
+type HistoryReplayer interface {
+	Replay(ctx context.Context) (int, error)
+}
+
 // Finisher ends requests (pkg/finish).
 type Finisher interface {
 	Finish(ctx context.Context, rec *job.Record, e finish.Ending) error
@@ -54,7 +60,9 @@ type Finisher interface {
 //     leader's answer, the leader's provider failure, or — when the leader
 //     ended for a reason of its own (cancelled, its deadline) — a call of
 //     its own;
-//   - a record that expired without ending leaves the live set.
+//   - a record that expired without ending leaves the live set;
+//   - outcomes that history could not write while PostgreSQL was down are
+//     written once it is back.
 //
 // Every worker runs one; a Redis lock lets one sweep at a time.
 type Sweeper struct {
@@ -70,6 +78,7 @@ type SweeperDeps struct {
 	Jobs     LiveJobs
 	Queue    Requeuer
 	Finisher Finisher
+	History  HistoryReplayer // optional
 	Redis    redis.Cmdable
 	Prefix   string // of the lock key
 	Logger   *slog.Logger
@@ -146,6 +155,22 @@ func (s *Sweeper) Sweep(ctx context.Context) error {
 		if err := s.one(ctx, id); err != nil {
 			s.d.Logger.Warn("maintenance: sweep a request", "request_id", id, "err", err)
 		}
+	}
+	return s.replayHistory(ctx)
+}
+
+// replayHistory writes what history kept; a PostgreSQL still down is the
+// normal case of an outage, not worth a warning every sweep.
+func (s *Sweeper) replayHistory(ctx context.Context) error {
+	if s.d.History == nil {
+		return nil
+	}
+	n, err := s.d.History.Replay(ctx)
+	if n > 0 {
+		s.d.Logger.Info("maintenance: history caught up", "outcomes_written", n, "err", err)
+	}
+	if err != nil {
+		s.d.Logger.Debug("maintenance: history replay stopped", "err", err)
 	}
 	return nil
 }

@@ -51,6 +51,8 @@ const (
 	NameKeysDisabled      = "bulwark_keys_disabled_total"
 	NameCacheUnavailable  = "bulwark_cache_unavailable_total"
 	NameHistoryErrors     = "bulwark_history_write_errors_total"
+	NameHistoryDropped    = "bulwark_history_dropped_total"
+	NameHistoryBacklog    = "bulwark_history_backlog"
 
 	NameQueueDepth        = "bulwark_queue_depth"
 	NameQueueOldestWait   = "bulwark_queue_oldest_wait_seconds"
@@ -162,6 +164,9 @@ type Metrics struct {
 	// HistoryErrors counts request-history writes PostgreSQL refused or
 	// timed out (the requests themselves go on).
 	HistoryErrors prometheus.Counter
+	// HistoryDropped counts outcomes whose history write failed and that
+	// the full outbox could not keep: their rows stay as they were.
+	HistoryDropped prometheus.Counter
 }
 
 // New creates Bulwark's collectors and registers them on reg. It panics if
@@ -228,6 +233,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: NameHistoryErrors,
 			Help: "Request-history writes that failed (PostgreSQL down or slow); the requests go on.",
 		}),
+		HistoryDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: NameHistoryDropped,
+			Help: "Request outcomes lost to history: the write failed and the outbox was full (the request ids are logged).",
+		}),
 		CacheUnavailable: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: NameCacheUnavailable,
 			Help: "Requests for which the cache was bypassed because PostgreSQL was unavailable.",
@@ -238,7 +247,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			m.ProviderCalls, m.ProviderLatency, m.RequestDuration, m.Requests,
 			m.RequestsSubmitted, m.CacheLookups, m.Coalesced, m.Fallbacks,
 			m.AdmissionRejected, m.Tokens, m.CostUSD, m.KeyCooldowns,
-			m.KeysDisabled, m.CacheUnavailable, m.HistoryErrors,
+			m.KeysDisabled, m.CacheUnavailable, m.HistoryErrors, m.HistoryDropped,
 		)
 	}
 	return m
@@ -285,8 +294,8 @@ func FamilyNames() []string {
 		NameProviderCalls, NameProviderLatency, NameRequestDuration, NameRequests,
 		NameRequestsSubmitted, NameCacheLookups, NameCoalesced, NameFallbacks,
 		NameAdmissionRejected, NameTokens, NameCostUSD, NameKeyCooldowns,
-		NameKeysDisabled, NameCacheUnavailable, NameHistoryErrors,
+		NameKeysDisabled, NameCacheUnavailable, NameHistoryErrors, NameHistoryDropped,
 		NameQueueDepth, NameQueueOldestWait, NameSlotsInUse, NameKeysAvailable,
-		NameKeysTotal, NameBreakerState, NameStateScrapeErrors,
+		NameKeysTotal, NameBreakerState, NameHistoryBacklog, NameStateScrapeErrors,
 	}
 }

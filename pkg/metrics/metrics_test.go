@@ -128,6 +128,7 @@ func TestNewRegistersEveryFamily(t *testing.T) {
 		NameKeysAvailable:   dto.MetricType_GAUGE,
 		NameKeysTotal:       dto.MetricType_GAUGE,
 		NameBreakerState:    dto.MetricType_GAUGE,
+		NameHistoryBacklog:  dto.MetricType_GAUGE,
 	}
 	for name, mf := range fams {
 		want, ok := wantTypes[name]

@@ -55,6 +55,9 @@ type State struct {
 	// BreakerState is each breaker's state by breaker name: BreakerClosed,
 	// BreakerHalfOpen or BreakerOpen.
 	BreakerState map[string]int
+	// HistoryBacklog is how many request outcomes wait for PostgreSQL to
+	// be written to history (pkg/history's outbox).
+	HistoryBacklog int
 }
 
 // stateCollector is the prometheus.Collector of NewStateCollector.
@@ -68,6 +71,7 @@ type stateCollector struct {
 	keysAvail  *prometheus.Desc
 	keysTotal  *prometheus.Desc
 	breaker    *prometheus.Desc
+	backlog    *prometheus.Desc
 	errors     prometheus.Counter
 }
 
@@ -75,8 +79,8 @@ type stateCollector struct {
 // with a context bounded by timeout (zero or negative means
 // StateReadTimeoutDefault), and exposes the gauges bulwark_queue_depth,
 // bulwark_queue_oldest_wait_seconds, bulwark_slots_in_use,
-// bulwark_keys_available, bulwark_keys_total and bulwark_breaker_state,
-// plus the counter bulwark_state_scrape_errors_total.
+// bulwark_keys_available, bulwark_keys_total, bulwark_breaker_state and
+// bulwark_history_backlog, plus the counter bulwark_state_scrape_errors_total.
 //
 // Reading at scrape time, rather than setting gauges as things change,
 // means every process reports the same shared truth and a dead process
@@ -103,6 +107,8 @@ func NewStateCollector(read func(ctx context.Context) (State, error), timeout ti
 			"Provider keys configured, by route (provider/tier).", []string{"route"}, nil),
 		breaker: prometheus.NewDesc(NameBreakerState,
 			"Circuit breaker state: 0 closed, 1 half-open, 2 open.", []string{"breaker"}, nil),
+		backlog: prometheus.NewDesc(NameHistoryBacklog,
+			"Request outcomes waiting for PostgreSQL to be written to history.", nil, nil),
 		errors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: NameStateScrapeErrors,
 			Help: "Scrapes in which the shared state could not be read; the state gauges were omitted.",
@@ -118,6 +124,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.keysAvail
 	ch <- c.keysTotal
 	ch <- c.breaker
+	ch <- c.backlog
 	c.errors.Describe(ch)
 }
 
@@ -139,6 +146,7 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	gauges(ch, c.keysAvail, st.KeysAvailable)
 	gauges(ch, c.keysTotal, st.KeysTotal)
 	gauges(ch, c.breaker, st.BreakerState)
+	ch <- prometheus.MustNewConstMetric(c.backlog, prometheus.GaugeValue, float64(st.HistoryBacklog))
 }
 
 // gauges sends one gauge of desc per entry of values, the key being the

@@ -140,8 +140,8 @@ func TestStateCollectorEmptyAndInvalidState(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(NewStateCollector(func(context.Context) (State, error) { return State{}, nil }, time.Second))
 	fams := gather(t, reg)
-	if len(fams) != 1 {
-		t.Errorf("empty state gathered %d families, want only %s", len(fams), NameStateScrapeErrors)
+	if _, ok := fams[NameHistoryBacklog]; len(fams) != 2 || !ok {
+		t.Errorf("empty state gathered %d families, want only %s and %s (always one value)", len(fams), NameStateScrapeErrors, NameHistoryBacklog)
 	}
 
 	// A label value that is not UTF-8 is reported by Gather, not a panic.

@@ -223,6 +223,11 @@ func (b *Base) readState(ctx context.Context) (metrics.State, error) {
 	if err != nil {
 		return s, err
 	}
+	backlog, err := b.History.Backlog(ctx)
+	if err != nil {
+		return s, err
+	}
+	s.HistoryBacklog = int(backlog)
 	s.QueueDepth, s.SlotsInUse, s.OldestWaitSeconds = map[string]int{}, map[string]int{}, map[string]float64{}
 	for _, p := range priority.All {
 		s.QueueDepth[p.String()] = depth[p]

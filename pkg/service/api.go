@@ -55,10 +55,10 @@ func (b *Base) API() (http.Handler, *progress.Hub) {
 		Keys: keyAdmin{b}, Breakers: b.Breakers, Cache: cacheAdmin, Reporter: reporter{b},
 		Models: NewModels(cfg), Metrics: b.MetricsHandler(), Queues: mon,
 		Ready: map[string]httpapi.Pinger{
-			"redis":    func(ctx context.Context) error { return b.Redis.Ping(ctx).Err() },
-			"postgres": func(ctx context.Context) error { return b.PG.Ping(ctx) },
+			"redis": func(ctx context.Context) error { return b.Redis.Ping(ctx).Err() },
 		},
-		Logger: b.Logger,
+		Degradable: map[string]httpapi.Pinger{"postgres": b.postgresReady},
+		Logger:     b.Logger,
 	})
 	return h, hub
 }

@@ -58,6 +58,9 @@ type opts struct {
 	keysYML  string // replaces the default keys section
 	// tenantYML is one more tenant entry (a YAML flow mapping).
 	tenantYML string
+	// pgDSN, when set, rewrites the DSN the processes get from that of
+	// the test's database (e.g. to a proxy in front of it).
+	pgDSN func(string) string
 }
 
 const defaultKeys = `
@@ -80,6 +83,10 @@ func newSystem(t testing.TB, o opts) *system {
 	s.mockTS = httptest.NewServer(s.mock)
 	t.Cleanup(func() { s.mock.Close(); s.mockTS.Close() })
 
+	dsn := s.pgDSN
+	if o.pgDSN != nil {
+		dsn = o.pgDSN(dsn)
+	}
 	keys := defaultKeys
 	if o.keysYML != "" {
 		keys = o.keysYML
@@ -104,7 +111,7 @@ tenants:
   - {name: other, token: "other-token", max_priority: critical}
 %s
 %s
-%s`, adminToken, s.redis.Addr, s.redis.DB, s.pgDSN, s.mockTS.URL, s.mockTS.URL, devToken, tenantLine(o.tenantYML), keys, o.extraYML)
+%s`, adminToken, s.redis.Addr, s.redis.DB, dsn, s.mockTS.URL, s.mockTS.URL, devToken, tenantLine(o.tenantYML), keys, o.extraYML)
 	s.doc = doc
 	s.cfg, err = config.Parse([]byte(doc), func(string) (string, bool) { return "", false })
 	if err != nil {

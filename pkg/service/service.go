@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -56,6 +58,13 @@ type Base struct {
 	Notifier   *alert.Notifier
 	// Cache is nil when the cache is disabled.
 	Cache *cache.Cache
+
+	// migrated is set once PostgreSQL's schema is known to be current;
+	// until then cache and history calls fail and are counted (pg.go).
+	migrated atomic.Bool
+	// stopMigrate ends the background migration retries (Close).
+	stopMigrate context.CancelFunc
+	migrating   sync.WaitGroup
 }
 
 // NewLogger builds the process logger from the configuration.
@@ -95,6 +104,10 @@ func Open(ctx context.Context, cfg *config.Config, logger *slog.Logger) (b *Base
 		AfterConnect: cache.AfterConnectWith(cacheCfg)})
 	if err != nil {
 		return nil, fmt.Errorf("service: postgres: %w", err)
+	}
+	pgUp, err := b.migrate(ctx)
+	if err != nil {
+		return nil, err
 	}
 
 	p := cfg.Redis.Prefix
@@ -137,22 +150,35 @@ func Open(ctx context.Context, cfg *config.Config, logger *slog.Logger) (b *Base
 	b.Finisher = finish.New(finish.Deps{Jobs: b.Jobs, History: b.History,
 		Claims: coalescer{rdb: b.Redis, prefix: p}, Metrics: b.Metrics, Price: b.price, Logger: logger})
 	b.History.OnError = func() { b.Metrics.HistoryErrors.Inc() }
+	b.History.OnDrop = func() { b.Metrics.HistoryDropped.Inc() }
+	b.History.Outbox(b.Redis, p+"history:outbox", history.OutboxMaxDefault)
 
 	if *cfg.Cache.Enabled {
 		emb, err := embed.New(embedConfig(cfg))
 		if err != nil {
 			return nil, fmt.Errorf("service: embedder: %w", err)
 		}
-		b.Cache, err = cache.New(ctx, b.PG, emb, cacheCfg, logger)
+		if pgUp {
+			b.Cache, err = cache.New(ctx, b.PG, emb, cacheCfg, logger)
+		} else {
+			b.Cache, err = cache.Open(b.PG, emb, cacheCfg, logger) // prepared once PostgreSQL is back
+		}
 		if err != nil {
 			return nil, fmt.Errorf("service: cache: %w", err)
 		}
+	}
+	if !pgUp {
+		b.migrateLater(ctx)
 	}
 	return b, nil
 }
 
 // Close closes what Open opened, in reverse order.
 func (b *Base) Close() {
+	if b.stopMigrate != nil {
+		b.stopMigrate()
+		b.migrating.Wait()
+	}
 	if b.Cache != nil {
 		b.Cache.Stop()
 	}

@@ -153,5 +153,5 @@ func (b *Base) maintenanceDeps() maintenance.Deps {
 // start it with Start(ctx), stop it with Stop.
 func (b *Base) Sweeper() *maintenance.Sweeper {
 	return maintenance.NewSweeper(maintenance.SweeperDeps{Jobs: b.Jobs, Queue: b.Queue, Finisher: b.Finisher,
-		Redis: b.Redis, Prefix: b.Cfg.Redis.Prefix, Logger: b.Logger})
+		History: b.History, Redis: b.Redis, Prefix: b.Cfg.Redis.Prefix, Logger: b.Logger})
 }
