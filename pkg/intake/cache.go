@@ -121,6 +121,14 @@ func (in *Intake) coalesce(ctx context.Context, j *job.Job, s Submission) (*Acce
 	if in.history != nil {
 		in.history.Submitted(ctx, j, job.StatusQueued, "coalesced")
 	}
+	// The shared call runs at the most urgent priority of those waiting
+	// on it: a CRITICAL caller must not wait behind a LOW flood because a
+	// LOW caller asked first.
+	if j.Priority < lrec.Job.Priority && in.promoter != nil {
+		if err := in.promoter.Promote(ctx, lrec, j.Priority); err != nil {
+			in.logger.Warn("intake: promote the shared call", "request_id", leader, "priority", j.Priority.String(), "err", err)
+		}
+	}
 	a := &Accepted{ID: j.ID, Status: lrec.Status, Priority: j.Priority, CoalescedInto: leader}
 	if lrec.Status == job.StatusQueued {
 		sp, _ := in.queue.SpotOf(ctx, leader)

@@ -79,6 +79,12 @@ type Queue interface {
 	Cancel(ctx context.Context, id string, p priority.Priority) (bool, error)
 }
 
+// Promoter makes a request run at a more urgent priority than it asked
+// for: one that a more urgent identical request now waits on.
+type Promoter interface {
+	Promote(ctx context.Context, rec *job.Record, p priority.Priority) error
+}
+
 // Jobs is the live request store.
 type Jobs interface {
 	Create(ctx context.Context, j *job.Job, ev job.Event, idemKey string) (string, bool, error)
@@ -163,6 +169,7 @@ type Intake struct {
 	history   History
 	cache     Cache
 	coalescer Coalescer
+	promoter  Promoter
 	limiter   RateLimiter
 	metrics   *metrics.Metrics
 	logger    *slog.Logger
@@ -177,6 +184,7 @@ type Deps struct {
 	History     History
 	Cache       Cache
 	Coalescer   Coalescer
+	Promoter    Promoter // optional: without it a shared call keeps its leader's priority
 	RateLimiter RateLimiter
 	Metrics     *metrics.Metrics
 	Logger      *slog.Logger
@@ -188,7 +196,7 @@ func New(cfg Config, d Deps) *Intake {
 		d.Metrics = metrics.New(nil)
 	}
 	return &Intake{cfg: cfg, jobs: d.Jobs, finisher: d.Finisher, queue: d.Queue, breakers: d.Breakers, history: d.History,
-		cache: d.Cache, coalescer: d.Coalescer, limiter: d.RateLimiter, metrics: d.Metrics, logger: d.Logger}
+		cache: d.Cache, coalescer: d.Coalescer, promoter: d.Promoter, limiter: d.RateLimiter, metrics: d.Metrics, logger: d.Logger}
 }
 
 // Errors callers branch on (HTTP status in brackets).

@@ -56,6 +56,8 @@ type Finisher interface {
 //     enqueueing it, or the enqueue was lost) is enqueued again;
 //   - a request whose task asynq archived after its retries fails with
 //     job.CodeLost;
+//   - a coalesced follower past its own deadline while the shared call has
+//     not started fails with it;
 //   - a coalesced follower whose leader ended gets its own ending: the
 //     leader's answer, the leader's provider failure, or — when the leader
 //     ended for a reason of its own (cancelled, its deadline) — a call of
@@ -211,6 +213,15 @@ func (s *Sweeper) follow(ctx context.Context, rec *job.Record) error {
 		return err
 	}
 	if err == nil && !leader.Status.Terminal() {
+		if leader.State.StartedAt.IsZero() && time.Now().After(rec.Job.Deadline) {
+			// Its own deadline, not the leader's: the wait for a start it
+			// was promised is over, whoever else still waits. (Once the
+			// shared call runs, the follower runs too: no deadline, as for
+			// any running request.)
+			reason := fmt.Sprintf("deadline_exceeded: waited %s (queue_max_wait %s) for an identical request still running",
+				time.Since(rec.Job.CreatedAt).Round(time.Second), rec.Job.Deadline.Sub(rec.Job.CreatedAt).Round(time.Second))
+			return s.end(ctx, rec, finish.Failed(rec.State, job.CodeDeadline, reason))
+		}
 		return nil
 	}
 	switch {

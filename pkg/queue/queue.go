@@ -450,6 +450,36 @@ func (q *Queue) Cancel(ctx context.Context, id string, p priority.Priority) (boo
 	return true, nil
 }
 
+// Promote moves request id's task from from's queue to to's while it is
+// still pending there, so that it is dequeued as to; a task a worker has
+// taken, a delayed one, or one that is gone stays as it is (the caller
+// promotes its slot wait too: slots.Limiter.Promote). It reports whether
+// it moved the task. Between the delete and the enqueue the request has no
+// task; the orphan sweep re-enqueues it should this process die there.
+func (q *Queue) Promote(ctx context.Context, id string, from, to priority.Priority) (bool, error) {
+	if to >= from {
+		return false, nil
+	}
+	info, err := q.inspector.GetTaskInfo(Name(from), id)
+	switch {
+	case errors.Is(err, asynq.ErrTaskNotFound), errors.Is(err, asynq.ErrQueueNotFound):
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("queue: promote %s: %w", id, err)
+	case info.State != asynq.TaskStatePending:
+		return false, nil
+	}
+	if err := q.inspector.DeleteTask(Name(from), id); err != nil {
+		// Taken by a worker between the two calls (it refuses to delete
+		// an active task), or gone.
+		return false, nil
+	}
+	if err := q.Enqueue(ctx, id, to, 0); err != nil {
+		return false, fmt.Errorf("queue: promote %s: %w", id, err)
+	}
+	return true, nil
+}
+
 // OldestPending returns, per priority, the id of the request that has
 // waited longest (the next to run); the caller reads its creation time.
 func (q *Queue) OldestPending(ctx context.Context) (map[priority.Priority]string, error) {

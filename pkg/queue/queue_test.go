@@ -197,3 +197,38 @@ func TestTurnOrder(t *testing.T) {
 		_ = q.Close()
 	}
 }
+
+// A pending task promoted to a more urgent priority leaves its queue for
+// that one; a less urgent "promotion" or an unknown task changes nothing.
+func TestPromote(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	q := queue.New(testenv.Redis(t), queue.Config{Prefix: "t:"})
+	defer q.Close()
+	for _, e := range []struct {
+		id string
+		p  priority.Priority
+	}{{"n1", priority.Normal}, {"l1", priority.Low}} {
+		if err := q.Enqueue(ctx, e.id, e.p, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if moved, err := q.Promote(ctx, "l1", priority.Low, priority.Critical); err != nil || !moved {
+		t.Fatalf("promote l1: %v %v", moved, err)
+	}
+	d, err := q.Depth(ctx)
+	if err != nil || d[priority.Critical] != 1 || d[priority.Low] != 0 {
+		t.Fatalf("depths after promotion %v %v: want l1 in CRITICAL", d, err)
+	}
+	if sp, _ := q.SpotOf(ctx, "l1"); sp.Position != 1 {
+		t.Errorf("promoted l1 at position %d, want 1 (ahead of NORMAL)", sp.Position)
+	}
+	for _, tt := range []struct {
+		id       string
+		from, to priority.Priority
+	}{{"n1", priority.Normal, priority.Low}, {"nope", priority.Low, priority.High}, {"n1", priority.Low, priority.High}} {
+		if moved, err := q.Promote(ctx, tt.id, tt.from, tt.to); err != nil || moved {
+			t.Errorf("promote %s %s→%s: %v %v, want nothing moved", tt.id, tt.from, tt.to, moved, err)
+		}
+	}
+}

@@ -274,3 +274,21 @@ func (k keyAdmin) Enable(ctx context.Context, keyID string) error {
 	}
 	return nil
 }
+
+// promoter moves a shared call to a more urgent priority: its slot wait,
+// and its task while that is still pending in a less urgent queue (it may
+// have been promoted once already, so each is tried).
+type promoter struct{ b *Base }
+
+func (pr promoter) Promote(ctx context.Context, rec *job.Record, p priority.Priority) error {
+	if err := pr.b.Slots.Promote(ctx, rec.Job.ID, p, pr.b.Cfg.Queue.MaxWait); err != nil {
+		return err
+	}
+	for from := rec.Job.Priority; from > p; from-- {
+		moved, err := pr.b.Queue.Promote(ctx, rec.Job.ID, from, p)
+		if err != nil || moved {
+			return err
+		}
+	}
+	return nil
+}

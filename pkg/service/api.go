@@ -41,7 +41,7 @@ func (b *Base) API() (http.Handler, *progress.Hub) {
 		CacheEnabled: b.Cache != nil, AfterStore: b.afterStore(),
 	}, intake.Deps{
 		Jobs: b.Jobs, Finisher: b.Finisher, Queue: b.Queue, Breakers: b.Breakers, History: b.History, Cache: cacheDep,
-		Coalescer: coalescer{rdb: b.Redis, prefix: cfg.Redis.Prefix}, Metrics: b.Metrics, Logger: b.Logger,
+		Coalescer: coalescer{rdb: b.Redis, prefix: cfg.Redis.Prefix}, Promoter: promoter{b}, Metrics: b.Metrics, Logger: b.Logger,
 		RateLimiter: tenantLimiter{l: redis_rate.NewLimiter(b.Redis), prefix: cfg.Redis.Prefix},
 	})
 	hub := progress.New(b.Redis, b.Queue, progress.Config{Channel: b.Jobs.Channel()}, b.Logger)

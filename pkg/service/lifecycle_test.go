@@ -6,7 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
+
 	"bulwark/pkg/mockprovider"
+	"bulwark/pkg/priority"
+	"bulwark/pkg/queue"
 	"bulwark/pkg/service"
 )
 
@@ -95,5 +99,39 @@ func TestCoalescingKeyCoversParameters(t *testing.T) {
 	res, _ := done["result"].(map[string]any)
 	if done["status"] != "completed" || res["stop_reason"] != "max_tokens" {
 		t.Fatalf("the short request got %v, want its own answer cut at max_tokens", done)
+	}
+}
+
+// A CRITICAL request that joins a queued LOW one with the same question
+// does not wait at LOW: the shared call moves to the CRITICAL queue (and
+// its slot wait with it), and both callers get the answer.
+func TestSharedCallRunsAtTheMostUrgentPriority(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{})
+	api := s.startAPI() // no worker yet: the LOW request stays queued
+	low := ask("a question asked twice")
+	low["priority"] = "low"
+	leader := api.submit(t, low)
+	urgent := ask("a question asked twice")
+	urgent["priority"] = "critical"
+	code, out, _ := call(t, "POST", api.ts.URL+"/v1/requests", devToken, urgent)
+	if code != http.StatusAccepted || out["coalesced"] != true {
+		t.Fatalf("the CRITICAL request was not coalesced: %d %v", code, out)
+	}
+	follower := out["id"].(string)
+	insp := s.inspector()
+	if info, err := insp.GetTaskInfo(queue.Name(priority.Critical), leader); err != nil || info.State != asynq.TaskStatePending {
+		t.Fatalf("the shared call is not pending in the CRITICAL queue: %v %v", info, err)
+	}
+	if _, err := insp.GetTaskInfo(queue.Name(priority.Low), leader); !errors.Is(err, asynq.ErrTaskNotFound) {
+		t.Fatalf("the shared call is still in the LOW queue: %v", err)
+	}
+	s.startWorker()
+	for _, id := range []string{leader, follower} {
+		done := api.waitStatus(t, id, 30*time.Second, "completed", "failed", "cancelled")
+		res, _ := done["result"].(map[string]any)
+		if done["status"] != "completed" || res["content"] != mockprovider.Reply("a question asked twice") {
+			t.Fatalf("%s: %v", id, done)
+		}
 	}
 }

@@ -17,6 +17,14 @@ func ownersKey(prefix string) string { return prefix + "owners" }
 // the queue estimates when the next ones free up.
 func acquiredKey(prefix string) string { return prefix + "acquired" }
 
+// promotedKey is the hash from a waiter id to the more urgent priority it
+// was promoted to (Promote): a request others now wait on too.
+func promotedKey(prefix string) string { return prefix + "promoted" }
+
+// promotedExpiryKey is the sorted set of promoted waiter ids scored by when
+// the promotion lapses (Unix ms, Redis time).
+func promotedExpiryKey(prefix string) string { return prefix + "promoted-exp" }
+
 // waitKey is the sorted set of p's registered waiters, scored by Since
 // (Unix ms); equal scores sort by id, which gives the FIFO order.
 func waitKey(prefix string, p priority.Priority) string { return prefix + "wait:" + p.String() }

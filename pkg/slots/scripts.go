@@ -20,6 +20,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 // KEYS[3..6]   waiter zsets of priorities 1..4 (id → since ms)
 // KEYS[7..10]  waiter expiry zsets of priorities 1..4 (id → expiry ms)
 // KEYS[11]     acquired zset (lease id → granted ms)
+// KEYS[12]     promoted hash (waiter id → priority), KEYS[13] its expiry zset
 // ARGV[1] total, ARGV[2..5] reserves of priorities 1..4, ARGV[6] priority,
 // ARGV[7] waiter id, ARGV[8] since ms, ARGV[9] lease id, ARGV[10] lease
 // ttl ms, ARGV[11] waiter ttl ms
@@ -40,7 +41,19 @@ for q = 1, 4 do
   redis.call("ZREMRANGEBYSCORE", KEYS[6 + q], "-inf", now)
 end
 
+local lapsed = redis.call("ZRANGEBYSCORE", KEYS[13], "-inf", now)
+for _, w in ipairs(lapsed) do redis.call("HDEL", KEYS[12], w) end
+redis.call("ZREMRANGEBYSCORE", KEYS[13], "-inf", now)
+
 local p, id = tonumber(ARGV[6]), ARGV[7]
+-- A waiter promoted by Promote waits, and takes its slot, as the more
+-- urgent priority.
+local promoted = tonumber(redis.call("HGET", KEYS[12], id) or "5")
+if promoted < p then
+  redis.call("ZREM", KEYS[2 + p], id)
+  redis.call("ZREM", KEYS[6 + p], id)
+  p = promoted
+end
 redis.call("ZADD", KEYS[2 + p], ARGV[8], id)
 redis.call("ZADD", KEYS[6 + p], now + tonumber(ARGV[11]), id)
 
@@ -81,6 +94,23 @@ redis.call("ZREM", KEYS[6 + p], id)
 redis.call("ZADD", KEYS[1], now + tonumber(ARGV[10]), ARGV[9])
 redis.call("HSET", KEYS[2], ARGV[9], p)
 redis.call("ZADD", KEYS[11], now, ARGV[9])
+redis.call("HDEL", KEYS[12], id)
+redis.call("ZREM", KEYS[13], id)
+return 1
+`)
+
+// promoteScript makes a waiter (or a request that will become one) wait as
+// a more urgent priority; a less urgent promotion than one already made is
+// ignored.
+//
+// KEYS[1] promoted hash, KEYS[2] its expiry zset
+// ARGV[1] waiter id, ARGV[2] priority, ARGV[3] ttl ms
+// Reply: 1 promoted, 0 already as urgent.
+var promoteScript = redis.NewScript(luaNow + `
+local cur = tonumber(redis.call("HGET", KEYS[1], ARGV[1]) or "5")
+if cur <= tonumber(ARGV[2]) then return 0 end
+redis.call("HSET", KEYS[1], ARGV[1], ARGV[2])
+redis.call("ZADD", KEYS[2], now + tonumber(ARGV[3]), ARGV[1])
 return 1
 `)
 

@@ -65,7 +65,7 @@ func New(rdb redis.Scripter, cfg Config) (*Limiter, error) {
 	}
 	l := &Limiter{rdb: rdb, cfg: cfg}
 	l.keys = append([]string{leasesKey(cfg.Prefix), ownersKey(cfg.Prefix)}, waitKeys(cfg.Prefix)...)
-	l.keys = append(l.keys, acquiredKey(cfg.Prefix))
+	l.keys = append(l.keys, acquiredKey(cfg.Prefix), promotedKey(cfg.Prefix), promotedExpiryKey(cfg.Prefix))
 	for _, p := range priority.All {
 		l.reserves = append(l.reserves, cfg.Reserved[p])
 	}
@@ -166,6 +166,23 @@ func (l *Limiter) Leave(ctx context.Context, p priority.Priority, id string) err
 	keys := []string{waitKey(l.cfg.Prefix, p), waitExpiryKey(l.cfg.Prefix, p)}
 	if _, err := leaveScript.Run(ctx, l.rdb, keys, id).Int64(); err != nil {
 		return fmt.Errorf("slots: leave the %s line: %w", p, err)
+	}
+	return nil
+}
+
+// Promote makes request id, waiting for a slot or about to, wait and take
+// its slot as p when p is more urgent than what it asked for: others with
+// priority p now wait on its answer (coalesced requests). The promotion
+// lapses after ttl if the request never asks.
+func (l *Limiter) Promote(ctx context.Context, id string, p priority.Priority, ttl time.Duration) error {
+	if !p.Valid() || id == "" {
+		return fmt.Errorf("slots: promote %q to priority %d: invalid", id, p)
+	}
+	ctx, cancel := context.WithTimeout(ctx, l.cfg.RedisTimeout)
+	defer cancel()
+	keys := []string{promotedKey(l.cfg.Prefix), promotedExpiryKey(l.cfg.Prefix)}
+	if err := promoteScript.Run(ctx, l.rdb, keys, id, int(p), ttl.Milliseconds()).Err(); err != nil {
+		return fmt.Errorf("slots: promote %s to %s: %w", id, p, err)
 	}
 	return nil
 }

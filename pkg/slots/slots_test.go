@@ -445,3 +445,27 @@ func monitor(ctx context.Context, t *testing.T, l *slots.Limiter, stop <-chan st
 		}
 	}
 }
+
+// A LOW request that a CRITICAL one now waits on (coalesced) is promoted:
+// it takes CRITICAL's reserve although LOW's share is full, and counts as
+// CRITICAL while it holds it.
+func TestPromotedWaiterTakesTheUrgentSlot(t *testing.T) {
+	t.Parallel()
+	b := setup(t, slots.Config{})
+	b.fill(t, priority.Low) // LOW's 15: only CRITICAL's reserve is left
+	w := b.waiter("low-leader")
+	b.mustTry(t, priority.Low, w, false)
+	if err := b.l.Promote(b.ctx, w.ID, priority.Critical, time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.l.Promote(b.ctx, w.ID, priority.Normal, time.Minute); err != nil { // less urgent: ignored
+		t.Fatal(err)
+	}
+	s := b.mustTry(t, priority.Low, w, true)
+	if used := b.inUse(t); used[priority.Critical] != 1 || used[priority.Low] != 15 {
+		t.Errorf("in use %v: want the promoted request counted as CRITICAL", used)
+	}
+	b.release(t, s)
+	// The promotion ends with the grant: the same waiter asks as LOW again.
+	b.mustTry(t, priority.Low, w, false)
+}
