@@ -70,14 +70,30 @@
 // processes — three workers, or Redis with its append-only file on — and
 // break something mid-storm: a worker SIGKILLed mid-call ten times, Redis
 // restarted, the provider failing part of its calls or all of them for two
-// minutes. The workers then call the mock through a recording proxy of the
-// test process (callLog, one listener per worker, its URL handed to each
-// worker through BULWARK_STORM_PROVIDER_URL), which knows every provider
-// call's worker, prompt and outcome: which requests a killed worker had in
-// flight, and whether a prompt was called again after it had an answer.
-// Each test counts, from GET /v1/requests/{id} after the load, that every
-// accepted request ended and every answer is its own prompt's, and prints
-// one line (FaultResult), appended to $BULWARK_FAULT_REPORT when set.
+// minutes, PostgreSQL down at start-up or stopped for 20 s, an api process
+// dying between storing a request and enqueueing it. The workers then
+// call the mock through a recording proxy of the test process (callLog,
+// one listener per worker, its URL handed to each worker through
+// BULWARK_STORM_PROVIDER_URL), which knows every provider call's worker,
+// prompt and outcome: which requests a killed worker had in flight, and
+// whether a prompt was called again after it had an answer. Each test
+// counts, from GET /v1/requests/{id} after the load, that every accepted
+// request ended and every answer is its own prompt's, and prints one line
+// (FaultResult), appended to $BULWARK_FAULT_REPORT when set.
+//
+// The PostgreSQL test (faults_postgres_test.go) gives the system a server
+// of its own instead of a database on the shared one (postgres.go): a
+// cluster initdb'd in the scenario's folder with the binaries
+// scripts/services.sh uses ($BULWARK_PG_BIN overrides their folder), on a
+// free loopback port, run as user postgres when the tests run as root,
+// stopped with a fast shutdown. Besides the counts it checks /readyz (200
+// with "degraded": ["postgres"] while the server is away, healthy within
+// 30 s of its return) and that every accepted request has a terminal row
+// in the requests table within 60 s of its return. The crash test
+// (faults_crash_test.go) starts extra api processes with the failpoint
+// BULWARK_FAILPOINT=intake-after-store, each on a port of its own
+// (BULWARK_STORM_API_LISTEN), and sends the lost request again, with its
+// Idempotency-Key, to the api that stays up.
 //
 // # Running it
 //

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -61,11 +62,13 @@ type faultRun struct {
 	compatEvery int
 
 	// reqs[i] is written only by request i's client until done is closed.
-	reqs  []faultReq
-	began time.Time
-	done  chan struct{} // closed when every client has returned
-	stop  context.CancelCauseFunc
-	ctx   context.Context // the load's; its cause says why it was cut
+	reqs    []faultReq
+	began   time.Time
+	clients sync.WaitGroup // the requests' clients (launch)
+	done    chan struct{}  // closed when every client has returned
+	stop    context.CancelCauseFunc
+	ctx     context.Context // the load's; its cause says why it was cut
+	release func()          // frees the load's timer and process watch
 
 	// watch counts breaker openings from start until the load ends.
 	watch     *breakerWatch
@@ -132,11 +135,26 @@ func (f *faultRun) close(keep bool) (string, error) {
 // returns; the load ends when every request has ended, at limit, or when
 // a process exits on its own.
 func (f *faultRun) start(ctx context.Context, limit time.Duration) {
+	f.begin(ctx, limit)
+	for i := range f.reqs {
+		f.launch(i, f.one)
+	}
+	f.launched()
+}
+
+// begin starts the load — its clock, its time limit, the breaker watch —
+// without sending anything: a test that sends its requests at moments of
+// its own launches each one's client, then calls launched.
+func (f *faultRun) begin(ctx context.Context, limit time.Duration) {
 	ctx, cancel := context.WithCancelCause(ctx)
 	f.stop = cancel
 	ctx, cancelLimit := context.WithTimeoutCause(ctx, limit, errLimit)
 	f.ctx = ctx
 	stopAfter := context.AfterFunc(f.sys.ctx, func() { cancel(context.Cause(f.sys.ctx)) })
+	f.release = func() {
+		stopAfter()
+		cancelLimit()
+	}
 	f.watch = newBreakerWatch(f.client, f.sys.apiURL)
 	wctx, stopWatch := context.WithCancel(context.WithoutCancel(ctx))
 	f.stopWatch, f.watchDone = stopWatch, make(chan struct{})
@@ -145,21 +163,27 @@ func (f *faultRun) start(ctx context.Context, limit time.Duration) {
 		f.watch.run(wctx)
 	}()
 	f.began = time.Now()
-	var wg sync.WaitGroup
-	for i := range f.reqs {
-		wg.Go(func() {
-			f.one(ctx, i)
-			f.mu.Lock()
-			f.ended++
-			close(f.changed)
-			f.changed = make(chan struct{})
-			f.mu.Unlock()
-		})
-	}
+}
+
+// launch runs client, request i's, in a goroutine of its own under the
+// load's context, and counts the request ended when it returns.
+func (f *faultRun) launch(i int, client func(ctx context.Context, i int)) {
+	f.clients.Go(func() {
+		client(f.ctx, i)
+		f.mu.Lock()
+		f.ended++
+		close(f.changed)
+		f.changed = make(chan struct{})
+		f.mu.Unlock()
+	})
+}
+
+// launched says that every client has been launched: the load ends when
+// they have all returned.
+func (f *faultRun) launched() {
 	go func() {
-		wg.Wait()
-		stopAfter()
-		cancelLimit()
+		f.clients.Wait()
+		f.release()
 		close(f.done)
 	}()
 }
@@ -214,6 +238,13 @@ func (f *faultRun) one(ctx context.Context, i int) {
 	} else {
 		f.async(ctx, i)
 	}
+	f.markEnd(i)
+}
+
+// markEnd records, once request i's client has returned, when it learnt
+// that the request ended — if it did.
+func (f *faultRun) markEnd(i int) {
+	r := &f.reqs[i]
 	o := r.o
 	if o.ok || o.reason == reasonWrong || strings.HasPrefix(o.reason, string(job.EventFailed)+":") ||
 		strings.HasPrefix(o.reason, string(job.EventCancelled)+":") {
@@ -860,4 +891,85 @@ func (m mockFaults) clear(ctx context.Context) error {
 		return fmt.Errorf("storm: clear faults: HTTP %d", resp.StatusCode)
 	}
 	return nil
+}
+
+// readiness is GET /readyz's answer.
+type readiness struct {
+	Code     int               `json:"-"`
+	Ready    bool              `json:"ready"`
+	Degraded []string          `json:"degraded"`
+	Checks   map[string]string `json:"checks"`
+}
+
+// String is the answer on one line, for the test log.
+func (r readiness) String() string {
+	checks := make([]string, 0, len(r.Checks))
+	for _, k := range slices.Sorted(maps.Keys(r.Checks)) {
+		checks = append(checks, k+"="+r.Checks[k])
+	}
+	return fmt.Sprintf("HTTP %d ready=%v degraded=%v checks={%s}", r.Code, r.Ready, r.Degraded, strings.Join(checks, ","))
+}
+
+// degradedWithout reports whether the answer is the API serving without
+// dep: 200, ready, dep alone degraded and down, Redis ok.
+func (r readiness) degradedWithout(dep string) bool {
+	return r.Code == http.StatusOK && r.Ready && slices.Equal(r.Degraded, []string{dep}) &&
+		r.Checks[dep] == "down" && r.Checks["redis"] == "ok"
+}
+
+// healthy reports whether the answer is 200, ready, nothing degraded and
+// every check ok.
+func (r readiness) healthy() bool {
+	if r.Code != http.StatusOK || !r.Ready || len(r.Degraded) > 0 || len(r.Checks) == 0 {
+		return false
+	}
+	for _, v := range r.Checks {
+		if v != "ok" {
+			return false
+		}
+	}
+	return true
+}
+
+// readyz reads GET /readyz of the api at apiURL.
+func readyz(ctx context.Context, client *http.Client, apiURL string) (readiness, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, apiURL+"/readyz", nil)
+	if err != nil {
+		return readiness{}, fmt.Errorf("storm: readyz: %w", err)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return readiness{}, fmt.Errorf("storm: readyz: %w", err)
+	}
+	defer resp.Body.Close()
+	r := readiness{Code: resp.StatusCode}
+	if err := json.NewDecoder(resp.Body).Decode(&r); err != nil {
+		return r, fmt.Errorf("storm: readyz: HTTP %d: %w", resp.StatusCode, err)
+	}
+	return r, nil
+}
+
+// awaitReadyz polls /readyz every 250 ms until an answer satisfies ok, and
+// returns it with when it came; on timeout the error names the last
+// answer.
+func awaitReadyz(ctx context.Context, client *http.Client, apiURL string, within time.Duration,
+	ok func(readiness) bool) (readiness, time.Time, error) {
+	ctx, cancel := context.WithTimeout(ctx, within)
+	defer cancel()
+	var last readiness
+	var lastErr error
+	for {
+		last, lastErr = readyz(ctx, client, apiURL)
+		if lastErr == nil && ok(last) {
+			return last, time.Now(), nil
+		}
+		if !sleep(ctx, 250*time.Millisecond) {
+			if lastErr != nil {
+				return last, time.Time{}, fmt.Errorf("storm: /readyz within %s: %w", within, lastErr)
+			}
+			return last, time.Time{}, fmt.Errorf("storm: /readyz within %s: the last answer was %s", within, last)
+		}
+	}
 }

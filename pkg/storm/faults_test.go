@@ -80,6 +80,9 @@ func setupFault(t *testing.T, sc Scenario, o options, compatEvery int) *faultRun
 		t.Skip("fault matrix: set BULWARK_FAULTS=1 (make faults)")
 	}
 	f, err := startFault(t.Context(), Env{Bins: sharedBinaries(t)}, sc, o, compatEvery)
+	if err != nil && o.PostgresDown {
+		t.Fatalf("with PostgreSQL down at start-up the api and workers must start anyway (/readyz 200, postgres degraded): %v", err)
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
