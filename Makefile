@@ -26,7 +26,9 @@ storm:
 	BULWARK_STORM=1 BULWARK_STORM_ARGS="$(STORM_ARGS)" BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -count=1 -run '^TestStormBench$$' -v -timeout 8m ./pkg/storm
 
 # The fault matrix on real processes (README, Operating it): a worker
-# SIGKILLed 10 times mid-storm, Redis restarted mid-storm, provider 5xx/529
+# SIGKILLed 10 times mid-storm, Redis restarted mid-storm, PostgreSQL down at
+# start-up and stopped mid-run, the API killed between storing and enqueueing
+# (a failpoint), provider 5xx/529
 # and a 2-minute provider outage. About 5 minutes; each test prints one line.
 faults:
 	BULWARK_FAULTS=1 BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -count=1 -run '^TestFault' -v -timeout 20m ./pkg/storm
