@@ -261,8 +261,19 @@ type Tenant struct {
 	// MaxPriority is the most urgent priority it may ask for; more urgent
 	// requests are lowered to it. Default high.
 	MaxPriority priority.Priority `yaml:"max_priority"`
-	// RateLimitRPM bounds its submissions per minute; 0 = unlimited.
+	// RateLimitRPM bounds its submissions per minute (a burst of one
+	// minute's worth allowed). Default 1200; -1 = unlimited.
 	RateLimitRPM int `yaml:"rate_limit_rpm"`
+	// MaxQueued bounds its requests accepted and not ended yet (queued,
+	// waiting or running): its share of the queue. Default queue.max_depth
+	// with one tenant, half of it with several; -1 = no share of its own.
+	MaxQueued int `yaml:"max_queued"`
+	// MaxStreams bounds its open event streams per API process. Default
+	// 200; -1 = unlimited.
+	MaxStreams int `yaml:"max_streams"`
+	// MaxSyncWaits bounds its compat requests waiting for their answer per
+	// API process. Default 100; -1 = unlimited.
+	MaxSyncWaits int `yaml:"max_sync_waits"`
 	// DefaultLayer of the cache for its requests. Default: cache.default_layer.
 	DefaultLayer string `yaml:"default_cache_layer"`
 }

@@ -51,6 +51,9 @@ const (
 	AlertThrottleDefault           = 5 * time.Minute
 	AlertIntervalDefault           = 30 * time.Second
 	ReportAtDefault                = "08:00"
+	TenantRPMDefault               = 1200
+	TenantMaxStreamsDefault        = 200
+	TenantMaxSyncWaitsDefault      = 100
 )
 
 // ReservedDefault is the design document's per-priority reserve (4.2).
@@ -148,6 +151,16 @@ func (c *Config) setDefaults() {
 		orDefault(&t.DefaultPriority, priority.Normal)
 		orDefault(&t.MaxPriority, priority.High)
 		orDefault(&t.DefaultLayer, ca.DefaultLayer)
+		orDefault(&t.RateLimitRPM, TenantRPMDefault)
+		orDefault(&t.MaxStreams, TenantMaxStreamsDefault)
+		orDefault(&t.MaxSyncWaits, TenantMaxSyncWaitsDefault)
+		// One tenant may fill the queue; among several none may take more
+		// than half of it.
+		share := c.Queue.MaxDepth
+		if len(c.Tenants) > 1 {
+			share = max(1, c.Queue.MaxDepth/2)
+		}
+		orDefault(&t.MaxQueued, share)
 		if !t.Token.IsZero() && t.TokenSHA256 == "" {
 			t.TokenSHA256 = t.Token.SHA256()
 		}

@@ -218,8 +218,13 @@ func (c *Config) validate() error {
 		if t.DefaultPriority < t.MaxPriority {
 			add(field+".default_priority", "is more urgent than max_priority")
 		}
-		if t.RateLimitRPM < 0 {
-			add(field+".rate_limit_rpm", "must be >= 0")
+		for _, l := range []struct {
+			name string
+			v    int
+		}{{"rate_limit_rpm", t.RateLimitRPM}, {"max_queued", t.MaxQueued}, {"max_streams", t.MaxStreams}, {"max_sync_waits", t.MaxSyncWaits}} {
+			if l.v < -1 {
+				add(field+"."+l.name, "must be > 0, or -1 for unlimited")
+			}
 		}
 	}
 

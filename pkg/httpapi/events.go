@@ -37,6 +37,15 @@ func (s *Server) events(c *gin.Context) {
 		apiError(c, http.StatusNotFound, "not_found", "id", "no request "+c.Param("id"))
 		return
 	}
+	t := tenantOf(c)
+	if !s.streams.enter(t.Name, t.MaxStreams) {
+		c.Header("Retry-After", "5")
+		apiError(c, http.StatusTooManyRequests, "too_many_streams", "", fmt.Sprintf(
+			"this tenant already has %d event streams open on this API process; close one or poll GET /v1/requests/%s",
+			t.MaxStreams, c.Param("id")))
+		return
+	}
+	defer s.streams.leave(t.Name)
 	ctx, cancel := context.WithTimeout(c.Request.Context(), s.cfg.StreamMaxLifetime)
 	defer cancel()
 	lang := progress.Lang(c.GetHeader("Accept-Language"))

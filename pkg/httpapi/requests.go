@@ -144,9 +144,13 @@ func (s *Server) submitError(c *gin.Context, err error) {
 	var ie *intake.InputError
 	var full *queue.FullError
 	var rl *intake.RateLimitError
+	var tf *intake.TenantFullError
 	switch {
 	case errors.As(err, &ie):
 		apiError(c, ie.Status, ie.Code, ie.Field, ie.Message)
+	case errors.As(err, &tf):
+		c.Header("Retry-After", strconv.Itoa(ceilSeconds(tf.RetryAfter)))
+		apiError(c, http.StatusTooManyRequests, "tenant_queue_full", "", tf.Error())
 	case errors.As(err, &full):
 		c.Header("Retry-After", strconv.Itoa(ceilSeconds(full.RetryAfter)))
 		c.AbortWithStatusJSON(http.StatusTooManyRequests, gin.H{"error": gin.H{"type": "queue_full",

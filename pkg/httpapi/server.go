@@ -126,6 +126,9 @@ type Deps struct {
 type Server struct {
 	cfg Config
 	d   Deps
+	// streams and waits count each tenant's open event streams and
+	// synchronous compat waits (intake.Tenant.MaxStreams, MaxSyncWaits).
+	streams, waits *gate
 }
 
 // New returns the API's http.Handler.
@@ -142,7 +145,7 @@ func New(cfg Config, d Deps) http.Handler {
 	if cfg.MaxBodyBytes == 0 {
 		cfg.MaxBodyBytes = 1 << 20
 	}
-	s := &Server{cfg: cfg, d: d}
+	s := &Server{cfg: cfg, d: d, streams: newGate(), waits: newGate()}
 	gin.SetMode(gin.ReleaseMode)
 	r := gin.New()
 	r.Use(gin.CustomRecoveryWithWriter(io.Discard, s.recovered), s.logRequests)

@@ -31,7 +31,7 @@ func (in *Intake) fromCache(ctx context.Context, j *job.Job, s Submission) (*Acc
 		return nil, false
 	}
 	in.metrics.CacheLookups.WithLabelValues(layer, hit.Kind).Inc()
-	id, created, err := in.jobs.Create(ctx, j, job.Event{Type: job.EventQueued}, s.IdempotencyKey)
+	id, created, err := in.jobs.Create(ctx, j, job.Event{Type: job.EventQueued}, s.IdempotencyKey, 0) // answered at once: no share taken
 	if err != nil {
 		return nil, false
 	}

@@ -28,8 +28,14 @@ type Tenant struct {
 	Name            string
 	DefaultPriority priority.Priority
 	MaxPriority     priority.Priority
-	RateLimitRPM    int
-	DefaultLayer    string
+	RateLimitRPM    int // <= 0: unlimited
+	// MaxQueued bounds its requests not ended yet; <= 0: unlimited.
+	MaxQueued int
+	// MaxStreams and MaxSyncWaits bound its open event streams and waiting
+	// compat requests per API process (enforced by pkg/httpapi); <= 0:
+	// unlimited.
+	MaxStreams, MaxSyncWaits int
+	DefaultLayer             string
 }
 
 // Submission is a request as the caller asked for it.
@@ -77,6 +83,7 @@ type Queue interface {
 	Enqueue(ctx context.Context, id string, p priority.Priority, delay time.Duration) error
 	SpotOf(ctx context.Context, id string) (queue.Spot, error)
 	Cancel(ctx context.Context, id string, p priority.Priority) (bool, error)
+	Rate(ctx context.Context) (float64, error)
 }
 
 // Promoter makes a request run at a more urgent priority than it asked
@@ -87,7 +94,9 @@ type Promoter interface {
 
 // Jobs is the live request store.
 type Jobs interface {
-	Create(ctx context.Context, j *job.Job, ev job.Event, idemKey string) (string, bool, error)
+	// Create stores j unless the tenant has maxLive requests not ended
+	// (job.ErrTenantFull); maxLive <= 0 sets no limit.
+	Create(ctx context.Context, j *job.Job, ev job.Event, idemKey string, maxLive int) (string, bool, error)
 	// Idempotent returns the request tenant submitted with idemKey, or "".
 	Idempotent(ctx context.Context, tenant, idemKey string) (string, error)
 	Apply(ctx context.Context, id string, c job.Change) (string, error)
@@ -212,6 +221,27 @@ func (e *RateLimitError) Error() string {
 }
 func (e *RateLimitError) Is(t error) bool { return t == ErrRateLimited }
 
+// TenantFullError says a tenant has its share of the queue in flight.
+type TenantFullError struct {
+	Limit      int
+	RetryAfter time.Duration
+}
+
+func (e *TenantFullError) Error() string {
+	return fmt.Sprintf("this tenant already has %d requests in flight, its share of the queue; retry after %d seconds",
+		e.Limit, int((e.RetryAfter+time.Second-1)/time.Second))
+}
+
+// tenantFull turns job.ErrTenantFull into a TenantFullError whose
+// Retry-After is the time for a tenth of the share to drain.
+func (in *Intake) tenantFull(ctx context.Context, t Tenant) error {
+	after := time.Second
+	if rate, err := in.queue.Rate(ctx); err == nil && rate > 0 {
+		after = max(after, time.Duration(float64(max(1, t.MaxQueued/10))/rate*float64(time.Second)))
+	}
+	return &TenantFullError{Limit: t.MaxQueued, RetryAfter: after}
+}
+
 // Submit accepts a submission for tenant t.
 func (in *Intake) Submit(ctx context.Context, t Tenant, s Submission) (*Accepted, error) {
 	j, err := in.build(t, s)
@@ -252,7 +282,11 @@ func (in *Intake) Submit(ctx context.Context, t Tenant, s Submission) (*Accepted
 	}
 	// The record exists before the coalescing claim, so whoever finds this
 	// request leading can always read it.
-	id, created, err := in.jobs.Create(ctx, j, job.Event{Type: job.EventQueued}, s.IdempotencyKey)
+	id, created, err := in.jobs.Create(ctx, j, job.Event{Type: job.EventQueued}, s.IdempotencyKey, t.MaxQueued)
+	if errors.Is(err, job.ErrTenantFull) {
+		in.metrics.AdmissionRejected.WithLabelValues(j.Priority.String(), metrics.ReasonTenantFull).Inc()
+		return nil, in.tenantFull(ctx, t)
+	}
 	if err != nil {
 		return nil, err
 	}

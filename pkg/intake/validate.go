@@ -7,8 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"bulwark/pkg/job"
 	"bulwark/pkg/llm"
@@ -95,6 +98,9 @@ func (in *Intake) build(t Tenant, s Submission) (*job.Job, error) {
 	if req.Temperature != nil && (*req.Temperature < 0 || *req.Temperature > 2) {
 		return nil, invalid("temperature", "must be between 0 and 2")
 	}
+	if err := checkLabels(s); err != nil {
+		return nil, err
+	}
 	p, err := resolvePriority(t, s.Priority)
 	if err != nil {
 		return nil, err
@@ -164,4 +170,67 @@ func ToolResultsHash(req llm.Request) string {
 		return ""
 	}
 	return hex.EncodeToString(h.Sum(nil))[:16]
+}
+
+// Limits of what a caller attaches to a request besides the prompt (the
+// headers and metadata kept with its record for its whole life): counted,
+// so that no tenant can grow Redis through them.
+const (
+	maxIdempotencyKey = 255 // as the providers' own idempotency keys
+	maxLabel          = 128 // case id, tool-results hash, cache layer
+	maxMetadata       = 16
+	maxMetadataKey    = 64
+	maxMetadataValue  = 512
+)
+
+// checkLabels refuses oversized or unprintable idempotency keys, case ids,
+// tool-results hashes, layers and metadata.
+func checkLabels(s Submission) error {
+	for _, l := range []struct {
+		field, v string
+		max      int
+	}{
+		{"Idempotency-Key", s.IdempotencyKey, maxIdempotencyKey},
+		{"case_id", s.CaseID, maxLabel},
+		{"tool_results_hash", s.ToolResultsHash, maxLabel},
+		{"cache_layer", s.Layer, maxLabel},
+	} {
+		if err := checkText(l.field, l.v, l.max); err != nil {
+			return err
+		}
+	}
+	if len(s.Metadata) > maxMetadata {
+		return invalid("metadata", "at most %d entries, got %d", maxMetadata, len(s.Metadata))
+	}
+	for k, v := range s.Metadata {
+		if k == "" {
+			return invalid("metadata", "keys must not be empty")
+		}
+		if err := checkText("metadata key "+strconv.Quote(truncate(k, 32)), k, maxMetadataKey); err != nil {
+			return err
+		}
+		if err := checkText("metadata."+truncate(k, 32), v, maxMetadataValue); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkText refuses v longer than max bytes or holding a control
+// character (a NUL would also fail PostgreSQL).
+func checkText(field, v string, max int) error {
+	if len(v) > max {
+		return invalid(field, "at most %d bytes, got %d", max, len(v))
+	}
+	if !utf8.ValidString(v) || strings.ContainsFunc(v, unicode.IsControl) {
+		return invalid(field, "must be printable UTF-8 without control characters")
+	}
+	return nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
 }

@@ -48,6 +48,7 @@ func NewStore(rdb Redis, prefix string, ttl time.Duration) *Store {
 func (s *Store) jobKey(id string) string    { return s.prefix + "job:" + id }
 func (s *Store) liveKey() string            { return s.prefix + "live" }
 func (s *Store) streamKey(id string) string { return s.prefix + "ev:" + id }
+func (s *Store) tenantLiveKey(tenant string) string { return s.prefix + "live-of:" + tenant }
 func (s *Store) idemKey(tenant, key string) string {
 	return s.prefix + "idem:" + tenant + ":" + key
 }
@@ -55,22 +56,37 @@ func (s *Store) idemKey(tenant, key string) string {
 // Channel is the pub/sub channel every event is published on.
 func (s *Store) Channel() string { return s.prefix + "events" }
 
-// createScript stores a new job with its first event.
+// createScript stores a new job with its first event, unless its tenant
+// already has its limit of requests not ended.
 //
 // KEYS[1] job hash, KEYS[2] event stream, KEYS[3] idempotency key ("" none),
-// KEYS[4] live set
+// KEYS[4] live set, KEYS[5] the tenant's live set
 // ARGV[1] job JSON, ARGV[2] status, ARGV[3] event JSON, ARGV[4] channel,
 // ARGV[5] id, ARGV[6] ttl of the idempotency key and an abandoned record (s),
-// ARGV[7] max events, ARGV[8] creation time (Unix ms)
-// Reply: {1, streamID} created; {0, existingID} idempotency key already used.
+// ARGV[7] max events, ARGV[8] creation time (Unix ms), ARGV[9] the tenant's
+// limit (0: none)
+// Reply: {1, streamID} created; {0, existingID} idempotency key already
+// used; {2, count} the tenant is at its limit.
 var createScript = redis.NewScript(`
 if KEYS[3] ~= "" then
   local prev = redis.call("GET", KEYS[3])
   if prev then return {0, prev} end
-  redis.call("SET", KEYS[3], ARGV[5], "EX", ARGV[6])
 end
+local limit = tonumber(ARGV[9])
+if limit > 0 then
+  -- The tenant's set keeps ids until found ended here: each is dropped
+  -- once, so the scan stays about the size of the limit.
+  local n = 0
+  for _, id in ipairs(redis.call("ZRANGE", KEYS[5], 0, -1)) do
+    if redis.call("ZSCORE", KEYS[4], id) then n = n + 1 else redis.call("ZREM", KEYS[5], id) end
+  end
+  if n >= limit then return {2, tostring(n)} end
+end
+if KEYS[3] ~= "" then redis.call("SET", KEYS[3], ARGV[5], "EX", ARGV[6]) end
 redis.call("HSET", KEYS[1], "job", ARGV[1], "status", ARGV[2], "state", "{}")
 redis.call("ZADD", KEYS[4], ARGV[8], ARGV[5])
+redis.call("ZADD", KEYS[5], ARGV[8], ARGV[5])
+redis.call("EXPIRE", KEYS[5], ARGV[6])
 redis.call("EXPIRE", KEYS[1], ARGV[6])
 local sid = redis.call("XADD", KEYS[2], "MAXLEN", "~", ARGV[7], "*", "e", ARGV[3])
 redis.call("EXPIRE", KEYS[2], ARGV[6])
@@ -78,10 +94,17 @@ redis.call("PUBLISH", ARGV[4], ARGV[5] .. " " .. sid .. " " .. ARGV[3])
 return {1, sid}
 `)
 
+// ErrTenantFull is returned by Create when the tenant already has its
+// limit of requests not ended.
+var ErrTenantFull = errors.New("job: the tenant has its limit of requests in flight")
+
 // Create stores a new job in status queued with its first event. With an
 // idempotency key already used by the tenant it stores nothing and returns
-// the earlier request's id and created=false.
-func (s *Store) Create(ctx context.Context, j *Job, ev Event, idemKey string) (id string, created bool, err error) {
+// the earlier request's id and created=false. With maxLive > 0 and that
+// many of the tenant's requests not ended yet, it stores nothing and
+// returns ErrTenantFull (the idempotency key is looked up first: a retry of
+// an accepted request gets its id back even then).
+func (s *Store) Create(ctx context.Context, j *Job, ev Event, idemKey string, maxLive int) (id string, created bool, err error) {
 	ik := ""
 	if idemKey != "" {
 		ik = s.idemKey(j.Tenant, idemKey)
@@ -93,9 +116,9 @@ func (s *Store) Create(ctx context.Context, j *Job, ev Event, idemKey string) (i
 	// A queued record lives at least as long as its deadline plus the result TTL.
 	ttl := time.Until(j.Deadline) + s.ttl
 	res, err := createScript.Run(ctx, s.rdb,
-		[]string{s.jobKey(j.ID), s.streamKey(j.ID), ik, s.liveKey()},
+		[]string{s.jobKey(j.ID), s.streamKey(j.ID), ik, s.liveKey(), s.tenantLiveKey(j.Tenant)},
 		mustJSON(j), string(StatusQueued), mustJSON(ev), s.Channel(), j.ID, int(ttl.Seconds())+1, MaxEvents,
-		j.CreatedAt.UnixMilli(),
+		j.CreatedAt.UnixMilli(), max(0, maxLive),
 	).Slice()
 	if err != nil {
 		return "", false, fmt.Errorf("job: create %s: %w", j.ID, err)
@@ -104,8 +127,11 @@ func (s *Store) Create(ctx context.Context, j *Job, ev Event, idemKey string) (i
 	if err != nil {
 		return "", false, fmt.Errorf("job: create %s: %w", j.ID, err)
 	}
-	if ok == 0 {
+	switch ok {
+	case 0:
 		return other, false, nil
+	case 2:
+		return "", false, fmt.Errorf("%w (%s of %d)", ErrTenantFull, other, maxLive)
 	}
 	return j.ID, true, nil
 }

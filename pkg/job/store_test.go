@@ -22,12 +22,12 @@ func TestLifecycle(t *testing.T) {
 	ctx := context.Background()
 	s := job.NewStore(testenv.Redis(t), "b:", time.Hour)
 
-	id, created, err := s.Create(ctx, newJob("r1"), job.Event{Type: job.EventQueued, QueuePosition: 3}, "idem-1")
+	id, created, err := s.Create(ctx, newJob("r1"), job.Event{Type: job.EventQueued, QueuePosition: 3}, "idem-1", 0)
 	if err != nil || !created || id != "r1" {
 		t.Fatalf("create: %v %v %v", id, created, err)
 	}
 	// Same idempotency key: nothing new, the first id.
-	id, created, err = s.Create(ctx, newJob("r2"), job.Event{Type: job.EventQueued}, "idem-1")
+	id, created, err = s.Create(ctx, newJob("r2"), job.Event{Type: job.EventQueued}, "idem-1", 0)
 	if err != nil || created || id != "r1" {
 		t.Fatalf("idempotent create: %v %v %v", id, created, err)
 	}

@@ -90,6 +90,7 @@ const (
 const (
 	ReasonQueueFull   = "queue_full"
 	ReasonRateLimited = "rate_limited"
+	ReasonTenantFull  = "tenant_full"
 )
 
 // Values of the direction label of bulwark_tokens_total.
@@ -145,7 +146,7 @@ type Metrics struct {
 	// from and to (e.g. "claude/sonnet" → "openai/gpt4o").
 	Fallbacks *prometheus.CounterVec
 	// AdmissionRejected counts submissions refused by priority and reason
-	// (ReasonQueueFull, ReasonRateLimited).
+	// (ReasonQueueFull, ReasonRateLimited, ReasonTenantFull).
 	AdmissionRejected *prometheus.CounterVec
 	// Tokens counts tokens used by provider, tier and direction
 	// (DirectionInput, DirectionOutput).

@@ -75,7 +75,8 @@ func tenants(cfg *config.Config) map[string]intake.Tenant {
 	out := map[string]intake.Tenant{}
 	for _, t := range cfg.Tenants {
 		out[strings.ToLower(t.TokenSHA256)] = intake.Tenant{Name: t.Name, DefaultPriority: t.DefaultPriority,
-			MaxPriority: t.MaxPriority, RateLimitRPM: t.RateLimitRPM, DefaultLayer: t.DefaultLayer}
+			MaxPriority: t.MaxPriority, RateLimitRPM: t.RateLimitRPM, MaxQueued: t.MaxQueued,
+			MaxStreams: t.MaxStreams, MaxSyncWaits: t.MaxSyncWaits, DefaultLayer: t.DefaultLayer}
 	}
 	return out
 }

@@ -72,6 +72,9 @@ keys:
   - {id: openai-gpt4o-mini-1, provider: openai, model_tier: gpt4o-mini, api_key: "mock-openai-key-b", rpm_limit: 600, tpm_limit: 400000}
 `
 
+// newSystem builds a system's config. Its demo tenant (devToken) has no
+// queue share and no stream or wait limits: the tests of those use a tenant
+// of their own (tenantYML).
 func newSystem(t testing.TB, o opts) *system {
 	t.Helper()
 	s := &system{t: t, redis: testenv.RedisOptions(t), pgDSN: testenv.Postgres(t), logs: &syncBuffer{}}
@@ -107,7 +110,7 @@ fallback:
   openai/gpt4o: claude/sonnet
 models: {gpt-4o: openai/gpt4o, claude-sonnet: claude/sonnet}
 tenants:
-  - {name: demo, token: %q, max_priority: critical}
+  - {name: demo, token: %q, max_priority: critical, max_queued: -1, max_streams: -1, max_sync_waits: -1}
   - {name: other, token: "other-token", max_priority: critical}
 %s
 %s

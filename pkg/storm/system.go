@@ -404,7 +404,7 @@ models: {gpt-4o-mini: openai/gpt4o-mini}
 keys:
 %s%s
 tenants:
-  - {name: storm, token: %q, max_priority: critical}
+  - {name: storm, token: %q, max_priority: critical, max_streams: -1, max_sync_waits: -1}
 `, sc.Name, apiPort, adminToken, redisAddr, dsn, mockURL, mockURL, keys.String(), cache, tenantToken)
 }
 

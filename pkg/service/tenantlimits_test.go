@@ -1,0 +1,109 @@
+package service_test
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// A noisy tenant that has its share of the queue in flight gets 429 with
+// Retry-After, and its retries of accepted requests still get their ids,
+// while another tenant's requests are still admitted.
+func TestNoisyTenantGetsItsShareOnly(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{extraYML: "cache: {enabled: false}",
+		tenantYML: `{name: noisy, token: "noisy-token", max_priority: critical, max_queued: 3}`})
+	api := s.startAPI() // no worker: what is accepted stays in flight
+	var first string
+	for i := range 3 {
+		code, out, _ := call(t, "POST", api.ts.URL+"/v1/requests", "noisy-token", ask(fmt.Sprint("noisy ", i)), "Idempotency-Key", fmt.Sprint("n-", i))
+		if code != http.StatusAccepted {
+			t.Fatalf("noisy request %d within its share: %d %v", i, code, out)
+		}
+		if i == 0 {
+			first = out["id"].(string)
+		}
+	}
+	code, out, hdr := call(t, "POST", api.ts.URL+"/v1/requests", "noisy-token", ask("noisy 3"))
+	errObj, _ := out["error"].(map[string]any)
+	if code != http.StatusTooManyRequests || hdr.Get("Retry-After") == "" || errObj["type"] != "tenant_queue_full" ||
+		!strings.Contains(fmt.Sprint(errObj["message"]), "3 requests in flight") {
+		t.Fatalf("noisy request past its share: %d %v (Retry-After %q), want 429 tenant_queue_full", code, out, hdr.Get("Retry-After"))
+	}
+	if code, out, _ := call(t, "POST", api.ts.URL+"/v1/requests", "noisy-token", ask("noisy 0"), "Idempotency-Key", "n-0"); code/100 != 2 || out["id"] != first {
+		t.Fatalf("a retry of an accepted request: %d %v, want its id %s", code, out, first)
+	}
+	if code, out, _ := call(t, "POST", api.ts.URL+"/v1/requests", devToken, ask("meanwhile, another tenant")); code != http.StatusAccepted {
+		t.Fatalf("the other tenant: %d %v, want 202", code, out)
+	}
+	if code, out, _ := call(t, "POST", api.ts.URL+"/v1/chat/completions", "noisy-token", map[string]any{"model": "gpt-4o",
+		"messages": []map[string]any{{"role": "user", "content": "noisy compat"}}}); code != http.StatusTooManyRequests {
+		t.Fatalf("noisy compat request past its share: %d %v, want 429", code, out)
+	}
+}
+
+// Event streams per tenant are bounded on each API process; closing one
+// makes room.
+func TestTenantStreamLimit(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{extraYML: "cache: {enabled: false}",
+		tenantYML: `{name: watcher, token: "watcher-token", max_priority: critical, max_streams: 1}`})
+	api := s.startAPI()
+	_, out, _ := call(t, "POST", api.ts.URL+"/v1/requests", "watcher-token", ask("watch me"))
+	id := out["id"].(string)
+	ch, stop := stream(t, api.ts.URL+"/v1/requests/"+id+"/events", "watcher-token", "")
+	next(t, ch, 5*time.Second, "queued")
+	code, out, hdr := call(t, "GET", api.ts.URL+"/v1/requests/"+id+"/events", "watcher-token", nil)
+	if code != http.StatusTooManyRequests || hdr.Get("Retry-After") == "" {
+		t.Fatalf("a second stream: %d %v, want 429 with Retry-After", code, out)
+	}
+	stop()
+	waitFor(t, 5*time.Second, "room for a stream once the first closed", func() bool {
+		ch2, stop2 := stream(t, api.ts.URL+"/v1/requests/"+id+"/events", "watcher-token", "")
+		defer stop2()
+		select {
+		case ev, ok := <-ch2:
+			return ok && ev.Type == "queued"
+		case <-time.After(time.Second):
+			return false
+		}
+	})
+}
+
+// What a caller attaches besides the prompt is bounded: an oversized
+// Idempotency-Key, case id or metadata, or a control character in one, is
+// a 422 that names the field.
+func TestLabelsAreBounded(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{extraYML: "cache: {enabled: false}"})
+	api := s.startAPI()
+	meta := map[string]any{}
+	for i := range 17 {
+		meta[fmt.Sprint("k", i)] = "v"
+	}
+	for _, tt := range []struct {
+		name  string
+		body  map[string]any
+		hdr   []string
+		field string
+	}{
+		{"long idempotency key", ask("a"), []string{"Idempotency-Key", strings.Repeat("k", 256)}, "Idempotency-Key"},
+		{"control character in the idempotency key", ask("a"), []string{"Idempotency-Key", "a\tb"}, "Idempotency-Key"},
+		{"long case id", withField(ask("a"), "case_id", strings.Repeat("c", 129)), nil, "case_id"},
+		{"too much metadata", withField(ask("a"), "metadata", meta), nil, "metadata"},
+		{"long metadata value", withField(ask("a"), "metadata", map[string]any{"k": strings.Repeat("v", 513)}), nil, "metadata.k"},
+	} {
+		code, out, _ := call(t, "POST", api.ts.URL+"/v1/requests", devToken, tt.body, tt.hdr...)
+		errObj, _ := out["error"].(map[string]any)
+		if code != http.StatusUnprocessableEntity || errObj["field"] != tt.field {
+			t.Errorf("%s: %d %v, want 422 on %s", tt.name, code, out, tt.field)
+		}
+	}
+}
+
+func withField(body map[string]any, k string, v any) map[string]any {
+	body[k] = v
+	return body
+}
