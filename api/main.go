@@ -19,8 +19,12 @@ func main() {
 	defer stop()
 	defer b.Close()
 
-	handler, hub := b.API()
+	handler, admin, hub := b.API()
 	srv := b.HTTPServer(b.Cfg.Server.Listen, handler)
+	servers := []*http.Server{srv}
+	if admin != nil {
+		servers = append(servers, b.HTTPServer(b.Cfg.Server.AdminListen, admin))
+	}
 	hubCtx, stopHub := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = hub.Run(hubCtx) })
@@ -28,9 +32,11 @@ func main() {
 		_ = b.Cache.Start(hubCtx)
 	}
 
-	errc := make(chan error, 1)
-	go func() { errc <- srv.ListenAndServe() }()
-	b.Logger.Info("listening", "addr", b.Cfg.Server.Listen)
+	errc := make(chan error, len(servers))
+	for _, s := range servers {
+		go func() { errc <- s.ListenAndServe() }()
+		b.Logger.Info("listening", "addr", s.Addr)
+	}
 	select {
 	case err = <-errc:
 	case <-ctx.Done():
@@ -40,7 +46,9 @@ func main() {
 	shutCtx, cancel := context.WithTimeout(context.Background(), b.Cfg.Server.ShutdownTimeout)
 	defer cancel()
 	stopHub()
-	_ = srv.Shutdown(shutCtx)
+	for _, s := range servers {
+		_ = s.Shutdown(shutCtx)
+	}
 	wg.Wait()
 	if err != nil && !errors.Is(err, http.ErrServerClosed) {
 		service.Fatal("api", err)

@@ -60,6 +60,9 @@ type Config struct {
 type Server struct {
 	// Listen is the API address. Default 127.0.0.1:8080.
 	Listen string `yaml:"listen"`
+	// AdminListen, when set, serves /admin/... (and asynqmon) on this
+	// address only, off the tenants' listener: e.g. an internal interface.
+	AdminListen string `yaml:"admin_listen"`
 	// AdminToken guards /admin/... . Required.
 	AdminToken secret.String `yaml:"admin_token"`
 	// MaxBodyBytes caps a request body. Default 1 MiB.

@@ -29,6 +29,9 @@ func (c *Config) validate() error {
 	if c.Server.AdminToken.IsZero() {
 		add("server.admin_token", "is required")
 	}
+	if c.Server.AdminListen != "" && c.Server.AdminListen == c.Server.Listen {
+		add("server.admin_listen", "must differ from server.listen (leave it empty to serve admin there)")
+	}
 	if c.Postgres.DSN.IsZero() {
 		add("postgres.dsn", "is required")
 	}

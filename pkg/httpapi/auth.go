@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"mime"
 	"net/http"
 	"net/url"
 	"strings"
@@ -85,6 +86,21 @@ func sameSite(c *gin.Context) {
 			apiError(c, http.StatusForbidden, "cross_site", "", "admin requests from another origin are refused")
 			return
 		}
+	}
+	c.Next()
+}
+
+// jsonOnly refuses a state-changing admin request whose Content-Type is
+// not application/json, body or not. An HTML form can only send
+// form-encoded or text bodies, and a cross-site script asking for JSON
+// needs a CORS preflight that nothing here answers: with sameSite, no page
+// can drive the admin endpoints through an operator's browser.
+func jsonOnly(c *gin.Context) {
+	mt, _, err := mime.ParseMediaType(c.GetHeader("Content-Type"))
+	if err != nil || mt != "application/json" {
+		apiError(c, http.StatusUnsupportedMediaType, "json_required", "Content-Type",
+			"admin writes require Content-Type: application/json (even without a body)")
+		return
 	}
 	c.Next()
 }

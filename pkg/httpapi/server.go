@@ -82,6 +82,9 @@ type Models interface {
 
 // Config configures the API.
 type Config struct {
+	// AdminApart serves the admin endpoints on a handler of their own
+	// (server.admin_listen) instead of beside the tenants' ones.
+	AdminApart bool
 	// Tenants by the hex SHA-256 of their token.
 	Tenants      map[string]intake.Tenant
 	AdminToken   secret.String
@@ -131,8 +134,10 @@ type Server struct {
 	streams, waits *gate
 }
 
-// New returns the API's http.Handler.
-func New(cfg Config, d Deps) http.Handler {
+// New returns the API's handlers: the tenants' one, with the admin
+// endpoints too unless Config.AdminApart, and then the admin one (nil
+// otherwise). Both serve the health endpoints.
+func New(cfg Config, d Deps) (api, admin http.Handler) {
 	if cfg.KeepAlive == 0 {
 		cfg.KeepAlive = 15 * time.Second
 	}
@@ -147,6 +152,21 @@ func New(cfg Config, d Deps) http.Handler {
 	}
 	s := &Server{cfg: cfg, d: d, streams: newGate(), waits: newGate()}
 	gin.SetMode(gin.ReleaseMode)
+	r := s.engine()
+	s.publicRoutes(r)
+	if !cfg.AdminApart {
+		s.adminRoutes(r)
+		return r, nil
+	}
+	// The tenants' listener keeps no trace of /admin: 404 like any path.
+	a := s.engine()
+	s.adminRoutes(a)
+	return r, a
+}
+
+// engine is a router with the recovery, the request log, JSON 404/405
+// answers and the health endpoints.
+func (s *Server) engine() *gin.Engine {
 	r := gin.New()
 	r.Use(gin.CustomRecoveryWithWriter(io.Discard, s.recovered), s.logRequests)
 	r.HandleMethodNotAllowed = true
@@ -154,37 +174,44 @@ func New(cfg Config, d Deps) http.Handler {
 	r.NoMethod(func(c *gin.Context) {
 		apiError(c, http.StatusMethodNotAllowed, "method_not_allowed", "", "method not allowed")
 	})
-
 	r.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
 	r.GET("/readyz", s.ready)
-	if d.Metrics != nil {
-		r.GET("/metrics", gin.WrapH(d.Metrics))
+	if s.d.Metrics != nil {
+		r.GET("/metrics", gin.WrapH(s.d.Metrics))
 	}
+	return r
+}
 
+// publicRoutes are the tenants' endpoints.
+func (s *Server) publicRoutes(r *gin.Engine) {
 	v1 := r.Group("/v1", s.limitBody, s.auth)
 	v1.POST("/requests", s.submit)
 	v1.GET("/requests/:id", s.get)
 	v1.GET("/requests/:id/events", s.events)
 	v1.DELETE("/requests/:id", s.cancel)
-	if d.Models != nil {
+	if s.d.Models != nil {
 		v1.POST("/chat/completions", s.openAIChat)
 		v1.POST("/messages", s.anthropicMessages)
 	}
+}
 
+// adminRoutes are the operators' endpoints. An admin endpoint exists only
+// when its part is configured; otherwise it answers 404 like any unknown
+// path.
+func (s *Server) adminRoutes(r *gin.Engine) {
+	d := s.d
 	admin := r.Group("/admin", s.limitBody, s.adminAuth, sameSite)
-	// An admin endpoint exists only when its part is configured; otherwise
-	// it answers 404 like any unknown path.
 	if d.Keys != nil {
 		admin.GET("/keys", s.adminKeys)
-		admin.POST("/keys/:id/enable", s.adminEnableKey)
-		admin.POST("/keys/:id/disable", s.adminDisableKey)
+		admin.POST("/keys/:id/enable", jsonOnly, s.adminEnableKey)
+		admin.POST("/keys/:id/disable", jsonOnly, s.adminDisableKey)
 	}
 	if d.Breakers != nil {
 		admin.GET("/breakers", s.adminBreakers)
-		admin.POST("/breakers/:name/reset", s.adminResetBreaker)
+		admin.POST("/breakers/:name/reset", jsonOnly, s.adminResetBreaker)
 	}
 	if d.Cache != nil {
-		admin.POST("/cache/invalidate", s.adminInvalidate)
+		admin.POST("/cache/invalidate", jsonOnly, s.adminInvalidate)
 	}
 	if d.Reporter != nil {
 		admin.GET("/report", s.adminReport)
@@ -193,7 +220,6 @@ func New(cfg Config, d Deps) http.Handler {
 		admin.Any("/queues/*path", gin.WrapH(d.Queues))
 		admin.GET("/queues", gin.WrapH(d.Queues))
 	}
-	return r
 }
 
 func (s *Server) logRequests(c *gin.Context) {

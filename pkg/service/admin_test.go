@@ -409,3 +409,53 @@ func TestAdminQueuesInABrowser(t *testing.T) {
 	}
 	resp.Body.Close()
 }
+
+// Admin writes must say they send JSON: a form (what a cross-site page can
+// post without a preflight) is refused with 415 and changes nothing.
+func TestAdminWritesRequireJSON(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{})
+	api := s.startAPI()
+	for _, ct := range []string{"application/x-www-form-urlencoded", "text/plain", "multipart/form-data; boundary=x", ""} {
+		req, _ := http.NewRequest("POST", api.ts.URL+"/admin/keys/claude-sonnet-1/disable", strings.NewReader("reason=x"))
+		req.Header.Set("Authorization", "Bearer "+adminToken)
+		if ct != "" {
+			req.Header.Set("Content-Type", ct)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnsupportedMediaType {
+			t.Errorf("disable with Content-Type %q: %d, want 415", ct, resp.StatusCode)
+		}
+	}
+	if keys, _ := keyListing(t, api); keys["claude-sonnet-1"]["disabled"] != false {
+		t.Fatalf("a refused disable took effect: %v", keys["claude-sonnet-1"])
+	}
+	if code, out, _ := call(t, "POST", api.ts.URL+"/admin/keys/claude-sonnet-1/disable", adminToken, nil); code != http.StatusOK {
+		t.Fatalf("disable with application/json: %d %v", code, out)
+	}
+}
+
+// With server.admin_listen the admin endpoints leave the tenants' listener
+// (404 there, like any unknown path) for a listener of their own.
+func TestAdminListenerApart(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{})
+	s.cfg.Server.AdminListen = "127.0.0.1:0" // the harness serves both handlers itself
+	api := s.startAPI()
+	if api.admin == nil {
+		t.Fatal("no admin handler with server.admin_listen set")
+	}
+	if code, out, _ := call(t, "GET", api.ts.URL+"/admin/keys", adminToken, nil); code != http.StatusNotFound {
+		t.Errorf("/admin/keys on the tenants' listener: %d %v, want 404", code, out)
+	}
+	if code, out, _ := call(t, "GET", api.admin.URL+"/admin/keys", adminToken, nil); code != http.StatusOK {
+		t.Errorf("/admin/keys on the admin listener: %d %v, want 200", code, out)
+	}
+	if code, _, _ := call(t, "POST", api.admin.URL+"/v1/requests", devToken, ask("wrong door")); code != http.StatusNotFound {
+		t.Errorf("/v1/requests on the admin listener: %d, want 404", code)
+	}
+}

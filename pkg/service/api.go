@@ -18,9 +18,10 @@ import (
 	"bulwark/pkg/progress"
 )
 
-// API builds the API's handler and its event hub; run the hub with
-// hub.Run(ctx) for as long as the handler serves.
-func (b *Base) API() (http.Handler, *progress.Hub) {
+// API builds the API's handlers and its event hub; run the hub with
+// hub.Run(ctx) for as long as the handlers serve. admin is nil unless
+// server.admin_listen is set: the admin endpoints are then on it alone.
+func (b *Base) API() (api, admin http.Handler, hub *progress.Hub) {
 	cfg := b.Cfg
 	b.Registry.MustRegister(metrics.NewStateCollector(b.readState, 0))
 	var ca *cacheAdapter
@@ -44,11 +45,12 @@ func (b *Base) API() (http.Handler, *progress.Hub) {
 		Coalescer: coalescer{rdb: b.Redis, prefix: cfg.Redis.Prefix}, Promoter: promoter{b}, Metrics: b.Metrics, Logger: b.Logger,
 		RateLimiter: tenantLimiter{l: redis_rate.NewLimiter(b.Redis), prefix: cfg.Redis.Prefix},
 	})
-	hub := progress.New(b.Redis, b.Queue, progress.Config{Channel: b.Jobs.Channel()}, b.Logger)
+	hub = progress.New(b.Redis, b.Queue, progress.Config{Channel: b.Jobs.Channel()}, b.Logger)
 	mon := asynqmon.New(asynqmon.Options{RootPath: "/admin/queues", ReadOnly: !cfg.Server.AdminQueuesWritable,
 		RedisConnOpt: asynq.RedisClientOpt{Addr: cfg.Redis.Addr, DB: cfg.Redis.DB, Password: cfg.Redis.Password.Reveal()}})
-	h := httpapi.New(httpapi.Config{
-		Tenants: tenants(cfg), AdminToken: cfg.Server.AdminToken, MaxBodyBytes: cfg.Server.MaxBodyBytes,
+	api, admin = httpapi.New(httpapi.Config{
+		AdminApart: cfg.Server.AdminListen != "",
+		Tenants:    tenants(cfg), AdminToken: cfg.Server.AdminToken, MaxBodyBytes: cfg.Server.MaxBodyBytes,
 		SyncTimeout: cfg.Server.SyncTimeout, WriteTimeout: cfg.Server.WriteTimeout, StreamMaxLifetime: cfg.Server.StreamMaxLifetime,
 	}, httpapi.Deps{
 		Intake: in, Jobs: b.Jobs, Queue: b.Queue, Hub: hub, History: b.History,
@@ -60,7 +62,7 @@ func (b *Base) API() (http.Handler, *progress.Hub) {
 		Degradable: map[string]httpapi.Pinger{"postgres": b.postgresReady},
 		Logger:     b.Logger,
 	})
-	return h, hub
+	return api, admin, hub
 }
 
 func layers(cfg *config.Config) map[string]bool {

@@ -46,9 +46,10 @@ type system struct {
 }
 
 type apiProc struct {
-	base *service.Base
-	ts   *httptest.Server
-	stop func()
+	base  *service.Base
+	ts    *httptest.Server
+	admin *httptest.Server // nil unless server.admin_listen is set
+	stop  func()
 }
 
 // opts tune a system.
@@ -146,13 +147,18 @@ func (s *system) startAPIWith(tune func(*service.Base)) *apiProc {
 	if tune != nil {
 		tune(b)
 	}
-	h, hub := b.API()
+	h, admin, hub := b.API()
+	var adminTS *httptest.Server
+	if admin != nil { // server.admin_listen set: the admin endpoints are on their own server
+		adminTS = httptest.NewServer(admin)
+		s.t.Cleanup(adminTS.Close)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = hub.Run(ctx) })
 	ts := httptest.NewServer(h)
 	var once sync.Once
-	p := &apiProc{base: b, ts: ts, stop: func() {
+	p := &apiProc{base: b, ts: ts, admin: adminTS, stop: func() {
 		once.Do(func() {
 			cancel()
 			ts.CloseClientConnections()
