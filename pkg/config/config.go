@@ -120,6 +120,9 @@ type Postgres struct {
 	DSN secret.String `yaml:"dsn"`
 	// MaxConns of the pool. Default 10.
 	MaxConns int32 `yaml:"max_conns"`
+	// HistoryRetention is how long request history rows are kept (the
+	// hourly retention job deletes older ones). Default 30 days.
+	HistoryRetention time.Duration `yaml:"history_retention"`
 }
 
 // Worker configures the worker process.

@@ -52,6 +52,7 @@ const (
 	AlertIntervalDefault           = 30 * time.Second
 	ReportAtDefault                = "08:00"
 	TenantRPMDefault               = 1200
+	HistoryRetentionDefault        = 30 * 24 * time.Hour
 	TenantMaxStreamsDefault        = 200
 	TenantMaxSyncWaitsDefault      = 100
 )
@@ -92,6 +93,7 @@ func (c *Config) setDefaults() {
 	orDefault(&c.Redis.Addr, RedisAddrDefault)
 	orDefault(&c.Redis.Prefix, RedisPrefixDefault)
 	orDefault(&c.Postgres.MaxConns, PGMaxConnsDefault)
+	orDefault(&c.Postgres.HistoryRetention, HistoryRetentionDefault)
 
 	w := &c.Worker
 	orDefault(&w.Concurrency, WorkerConcurrencyDefault)

@@ -35,6 +35,9 @@ func (c *Config) validate() error {
 	if c.Postgres.DSN.IsZero() {
 		add("postgres.dsn", "is required")
 	}
+	if c.Postgres.HistoryRetention < time.Hour {
+		add("postgres.history_retention", "must be at least 1h, got %s", c.Postgres.HistoryRetention)
+	}
 	if c.Server.DefaultMaxTokens > c.Server.MaxTokensLimit {
 		add("server.default_max_tokens", "must not exceed server.max_tokens_limit (%d)", c.Server.MaxTokensLimit)
 	}

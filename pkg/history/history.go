@@ -141,6 +141,28 @@ func (s *Store) finished(ctx context.Context, rec *job.Record, costUSD float64) 
 	return err
 }
 
+// pruneBatch bounds the rows one DELETE removes: short transactions that
+// never hold the table for long.
+const pruneBatch = 5000
+
+// Prune deletes the rows of requests created before before, in batches,
+// and returns how many it deleted.
+func (s *Store) Prune(ctx context.Context, before time.Time) (int64, error) {
+	var total int64
+	for {
+		tag, err := s.pool.Exec(ctx, `
+			DELETE FROM requests WHERE id IN (
+				SELECT id FROM requests WHERE created_at < $1 ORDER BY created_at LIMIT $2)`, before, pruneBatch)
+		if err != nil {
+			return total, fmt.Errorf("history: prune: %w", err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < pruneBatch {
+			return total, nil
+		}
+	}
+}
+
 // Row is a request as history knows it.
 type Row struct {
 	ID          string

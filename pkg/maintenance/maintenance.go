@@ -6,6 +6,7 @@
 //	bulwark:alerts:evaluate  breaker and key-pool state → alerts   every alerts.interval
 //	bulwark:report:daily     the daily report → webhooks, e-mail    daily at report.at
 //	bulwark:queue:expire     fail queued requests past deadline     every 15 seconds
+//	bulwark:history:prune    delete history past its retention      every hour
 package maintenance
 
 import (
@@ -35,7 +36,13 @@ const (
 	TaskPurgeCache = "bulwark:cache:purge"
 	TaskAlerts     = "bulwark:alerts:evaluate"
 	TaskReport     = "bulwark:report:daily"
+	TaskPrune      = "bulwark:history:prune"
 )
+
+// HistoryPruner deletes history rows (history.Store).
+type HistoryPruner interface {
+	Prune(ctx context.Context, before time.Time) (int64, error)
+}
 
 // CachePurger deletes expired cache rows.
 type CachePurger interface {
@@ -60,16 +67,19 @@ type Notifier interface {
 
 // Deps are the jobs' collaborators.
 type Deps struct {
-	Cache    CachePurger // nil when the cache is off
-	Pool     KeyPool
-	Breakers Breakers
-	Notifier Notifier
-	PG       *pgxpool.Pool
-	Redis    redis.Cmdable
-	Prefix   string
-	Report   config.Report
-	Language string
-	Logger   *slog.Logger
+	Cache   CachePurger // nil when the cache is off
+	History HistoryPruner
+	// Retention of history rows (postgres.history_retention).
+	Retention time.Duration
+	Pool      KeyPool
+	Breakers  Breakers
+	Notifier  Notifier
+	PG        *pgxpool.Pool
+	Redis     redis.Cmdable
+	Prefix    string
+	Report    config.Report
+	Language  string
+	Logger    *slog.Logger
 	// Jobs, Queues and Finisher let the expiry job fail overdue queued
 	// requests.
 	Jobs     JobStore
@@ -91,6 +101,7 @@ func (j *Jobs) Register(mux *asynq.ServeMux) {
 	mux.HandleFunc(TaskAlerts, j.evaluate)
 	mux.HandleFunc(TaskReport, j.report)
 	mux.HandleFunc(TaskExpire, j.expire)
+	mux.HandleFunc(TaskPrune, j.prune)
 }
 
 // Schedule registers the periodic jobs on s. at is "HH:MM" in the
@@ -108,6 +119,7 @@ func Schedule(s *asynq.Scheduler, alertsEvery time.Duration, at string) error {
 	}{
 		{"@every 10m", TaskPurgeCache, 5 * time.Minute},
 		{"@every 15s", TaskExpire, 10 * time.Second},
+		{"@every 1h", TaskPrune, 30 * time.Minute},
 		{"@every " + alertsEvery.String(), TaskAlerts, alertsEvery / 2},
 		{fmt.Sprintf("%d %d * * *", m, h), TaskReport, 12 * time.Hour},
 	}
@@ -129,6 +141,21 @@ func (j *Jobs) purge(ctx context.Context, _ *asynq.Task) error {
 		return fmt.Errorf("maintenance: purge cache: %w", err)
 	}
 	j.d.Logger.Info("maintenance: purged expired cache rows", "rows", n)
+	return nil
+}
+
+// prune deletes history rows older than the retention.
+func (j *Jobs) prune(ctx context.Context, _ *asynq.Task) error {
+	if j.d.History == nil || j.d.Retention <= 0 {
+		return nil
+	}
+	n, err := j.d.History.Prune(ctx, time.Now().Add(-j.d.Retention))
+	if err != nil {
+		return fmt.Errorf("maintenance: %w", err)
+	}
+	if n > 0 {
+		j.d.Logger.Info("maintenance: pruned history rows past their retention", "rows", n, "retention", j.d.Retention)
+	}
 	return nil
 }
 

@@ -144,7 +144,7 @@ func (b *Base) maintenanceDeps() maintenance.Deps {
 		purger = b.Cache
 	}
 	cfg := b.Cfg
-	return maintenance.Deps{Cache: purger, Pool: b.Pool, Breakers: b.Breakers, Notifier: b.Notifier,
+	return maintenance.Deps{Cache: purger, History: b.History, Retention: cfg.Postgres.HistoryRetention, Pool: b.Pool, Breakers: b.Breakers, Notifier: b.Notifier,
 		PG: b.PG, Redis: b.Redis, Prefix: cfg.Redis.Prefix, Report: cfg.Report, Language: cfg.Alerts.Language, Logger: b.Logger,
 		Jobs: b.Jobs, Queues: b.Queue, Finisher: b.Finisher}
 }
