@@ -15,7 +15,8 @@
 //	overloaded         route breaker counts a failure, next provider (no key cooldown)
 //	model_unavailable  route breaker counts a failure, next provider
 //	transient          jittered backoff, next key; after a few, asynq retry
-//	permanent          the request fails at once with the provider's message
+//	permanent          the request fails at once (provider_error); the provider's
+//	                   message goes to the operators' log, never to the caller
 //
 // # Waiting for capacity
 //
@@ -471,15 +472,20 @@ func (d *Dispatcher) retryTransient(ctx context.Context, rec *job.Record, t *asy
 	}
 	st := rec.State
 	st.RetryAt = time.Now().Add(delay)
+	// The caller is told the class of failure, never the error itself: it
+	// may quote a provider's answer or an address (the call's own failures
+	// are logged in failed).
 	_, _ = d.jobs.Apply(ctx, rec.Job.ID, job.Change{Status: job.StatusWaiting, State: &st,
-		Event: &job.Event{Type: job.EventRetrying, Error: cause.Error(), RetryAfterSeconds: int(delay.Seconds()) + 1}})
+		Event: &job.Event{Type: job.EventRetrying, Error: consequenceOf(cause).event, RetryAfterSeconds: int(delay.Seconds()) + 1}})
 	return &transientError{Delay: delay, Err: cause}
 }
 
-// fail ends rec as failed. It returns the handler's result: nil once the
-// request ended (by this call or another), an error asynq retries when the
-// terminal write failed.
-func (d *Dispatcher) fail(ctx context.Context, rec *job.Record, code job.Code, reason string, log *slog.Logger) error {
+// fail ends rec as failed. reason is the detail for operators (it may
+// quote the provider): the finisher logs it redacted and shows the tenant
+// only the fixed text of code. It returns the handler's result: nil once
+// the request ended (by this call or another), an error asynq retries when
+// the terminal write failed.
+func (d *Dispatcher) fail(ctx context.Context, rec *job.Record, code job.Code, reason string, _ *slog.Logger) error {
 	err := d.finisher.Finish(ctx, rec, finish.Failed(rec.State, code, reason))
 	switch {
 	case errors.Is(err, finish.ErrEnded):
@@ -487,7 +493,6 @@ func (d *Dispatcher) fail(ctx context.Context, rec *job.Record, code job.Code, r
 	case err != nil:
 		return fmt.Errorf("dispatch: %w", err)
 	}
-	log.Warn("dispatch: request failed", "code", string(code), "reason", reason)
 	return nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"bulwark/pkg/job"
 	"bulwark/pkg/keypool"
 	"bulwark/pkg/llm"
+	"bulwark/pkg/provider"
 )
 
 // step is what an attempt does after a failed call.
@@ -305,7 +306,10 @@ func (d *Dispatcher) failed(ctx context.Context, rec *job.Record, r llm.Route, l
 	permit *breaker.Permit, err error, log *slog.Logger) consequence {
 	c := consequenceOf(err)
 	class, _ := llm.ClassOf(err)
-	log.Info("dispatch: provider call failed", "route", r.String(), "key_id", lease.KeyID, "class", string(class), "err", err)
+	// Adapters redact what the provider said; the transport error they
+	// wrap (an address, a proxy's URL) is redacted here.
+	log.Info("dispatch: provider call failed", "route", r.String(), "key_id", lease.KeyID, "class", string(class),
+		"err", provider.Redact(err.Error()))
 	if ferr := d.pool.Failure(ctx, lease, c.key, err); ferr != nil {
 		log.Warn("dispatch: record key failure", "key_id", lease.KeyID, "err", ferr)
 	}

@@ -7,6 +7,15 @@
 // script in pkg/job, which refuses a second ending), then the history row
 // and the metrics, and releases the request's coalescing claim.
 //
+// What the tenant reads about a failure (the record's Reason, the failed
+// event, the history row, and through them GET, the event stream and the
+// compat endpoints' error bodies) is a fixed text per job.Code naming the
+// request id, written here and nowhere else: a provider's answer, a Go
+// error or a network error never reaches a tenant, whatever the caller
+// passes. The caller's text is the operators' detail: Finish logs it,
+// redacted, once per failure with the request id, and keeps it in the
+// record's Detail.
+//
 // Only the terminal write can fail the call: history is best effort (a
 // PostgreSQL outage is counted by the history store) and a claim that is
 // not released expires with its TTL. A caller that gets an error has ended
@@ -23,6 +32,7 @@ import (
 	"bulwark/pkg/job"
 	"bulwark/pkg/llm"
 	"bulwark/pkg/metrics"
+	"bulwark/pkg/provider"
 )
 
 // ErrEnded is returned when the request had already ended (or its record
@@ -50,7 +60,11 @@ type Ending struct {
 	Status job.Status
 	// Code says why a request failed or was cancelled ("" when completed).
 	Code job.Code
-	// Reason is the text for people.
+	// Reason is what happened, for operators; it may quote a provider's
+	// answer or an error. Finish keeps it redacted as the record's Detail;
+	// the tenant reads the fixed text of Code instead (TenantReason),
+	// which quotes Reason only for a deadline or a cancellation, whose
+	// text Bulwark writes itself.
 	Reason string
 	// State is the request's final state (result, route, attempts…);
 	// FinishedAt is set when zero.
@@ -115,21 +129,58 @@ func (f *Finisher) Finish(ctx context.Context, rec *job.Record, e Ending) error 
 	}
 	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), opTimeout)
 	defer cancel()
-	_, err := f.d.Jobs.Apply(wctx, rec.Job.ID, job.Change{Status: e.Status, State: &st, Reason: e.Reason, Code: e.Code,
-		Event: event(e, st)})
+	public, detail := "", ""
+	if e.Status != job.StatusCompleted {
+		public, detail = TenantReason(rec.Job, e.Code, e.Reason), provider.Redact(e.Reason)
+	}
+	_, err := f.d.Jobs.Apply(wctx, rec.Job.ID, job.Change{Status: e.Status, State: &st, Reason: public, Code: e.Code,
+		Detail: detail, Event: event(e, st, public)})
 	if errors.Is(err, job.ErrTerminal) || errors.Is(err, job.ErrNotFound) {
 		return fmt.Errorf("finish %s: %w", rec.Job.ID, ErrEnded)
 	}
 	if err != nil {
 		return fmt.Errorf("finish %s: %w", rec.Job.ID, err)
 	}
-	rec.Status, rec.State, rec.Code, rec.Reason = e.Status, st, e.Code, e.Reason
+	rec.Status, rec.State, rec.Code, rec.Reason, rec.Detail = e.Status, st, e.Code, public, detail
+	if e.Status == job.StatusFailed {
+		// The one log line per failure: operators look a tenant's
+		// "request req_…" up by it.
+		f.d.Logger.Warn("finish: request failed", "request_id", rec.Job.ID, "code", string(e.Code), "detail", detail)
+	}
 	f.account(wctx, rec)
 	return nil
 }
 
-// event is the terminal event of an ending.
-func event(e Ending, st job.State) *job.Event {
+// TenantReason is the text a tenant reads about request j ending with
+// code: fixed per code, naming the request id the operator looks the
+// detail up by. reason, the caller's text, is quoted only for a deadline
+// or a cancellation: Bulwark writes those itself (how long it waited, who
+// cancelled), from no provider and no error.
+func TenantReason(j job.Job, code job.Code, reason string) string {
+	switch code {
+	case job.CodeDeadline, job.CodeCancelled:
+		if reason == "" {
+			reason = string(code)
+		}
+		return fmt.Sprintf("%s (request %s)", reason, j.ID)
+	case job.CodeProviderError:
+		return fmt.Sprintf("provider_error: the provider refused this request (request %s); "+
+			"the operator can look up its answer by this id", j.ID)
+	case job.CodeProviderUnavailable:
+		return fmt.Sprintf("provider_unavailable: the providers could not answer this request after several attempts (request %s); "+
+			"the operator can look it up by this id", j.ID)
+	case job.CodeNoRoute:
+		return fmt.Sprintf("no_route: no provider key is configured for %s or its fallback (request %s)", j.Route, j.ID)
+	case job.CodeLost:
+		return fmt.Sprintf("lost: Bulwark lost this request before it was answered (request %s); "+
+			"submit it again, or ask the operator to look it up by this id", j.ID)
+	default:
+		return fmt.Sprintf("the request failed (request %s); the operator can look it up by this id", j.ID)
+	}
+}
+
+// event is the terminal event of an ending; reason is the tenant's text.
+func event(e Ending, st job.State, reason string) *job.Event {
 	switch e.Status {
 	case job.StatusCompleted:
 		ev := &job.Event{Type: job.EventCompleted, Result: job.ResultOf(st)}
@@ -138,9 +189,9 @@ func event(e Ending, st job.State) *job.Event {
 		}
 		return ev
 	case job.StatusCancelled:
-		return &job.Event{Type: job.EventCancelled, Error: e.Reason, Code: e.Code}
+		return &job.Event{Type: job.EventCancelled, Error: reason, Code: e.Code}
 	default:
-		return &job.Event{Type: job.EventFailed, Error: e.Reason, Code: e.Code}
+		return &job.Event{Type: job.EventFailed, Error: reason, Code: e.Code}
 	}
 }
 

@@ -1,8 +1,11 @@
 package finish
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -125,6 +128,74 @@ func TestCompletedCountsCost(t *testing.T) {
 	}
 	if err := New(Deps{Jobs: b.jobs}).Finish(context.Background(), record("r4"), Ending{Status: job.StatusRunning}); err == nil {
 		t.Fatal("a non-terminal ending was accepted")
+	}
+}
+
+// A failure's tenant text is the fixed text of its code with the request
+// id, whatever the caller passed; the caller's text reaches only the
+// record's Detail and the log line, redacted.
+func TestFailureTextIsFixedAndDetailRedacted(t *testing.T) {
+	t.Parallel()
+	const secretText = "claude: permanent (HTTP 400 invalid_request_error): organization org-SECRET123, " +
+		"key ab12cd34ef56ab12cd34ef56, redis at 10.0.0.7:6379"
+	var logs bytes.Buffer
+	b := setup(t)
+	b.f = New(Deps{Jobs: b.jobs, History: b.history, Metrics: b.metrics,
+		Logger: slog.New(slog.NewJSONHandler(&logs, nil))})
+	rec := record("req_fail1")
+	if err := b.f.Finish(context.Background(), rec, Failed(job.State{}, job.CodeProviderError, "provider_error: "+secretText)); err != nil {
+		t.Fatal(err)
+	}
+	c := b.jobs.changes[0]
+	want := TenantReason(rec.Job, job.CodeProviderError, "")
+	if c.Reason != want || c.Event.Error != want || rec.Reason != want || b.history.rows[0].Reason != want {
+		t.Fatalf("tenant text: change %q, event %q, record %q, history %q; want %q", c.Reason, c.Event.Error, rec.Reason,
+			b.history.rows[0].Reason, want)
+	}
+	if !strings.Contains(want, "req_fail1") {
+		t.Fatalf("tenant text %q does not name the request", want)
+	}
+	if c.Detail != rec.Detail || !strings.Contains(c.Detail, "invalid_request_error") {
+		t.Fatalf("detail %q (record %q), want the redacted provider text", c.Detail, rec.Detail)
+	}
+	for _, leak := range []string{"org-SECRET123", "ab12cd34ef56ab12cd34ef56", "10.0.0.7", "6379"} {
+		for what, text := range map[string]string{"tenant text": want, "detail": c.Detail, "log": logs.String()} {
+			if strings.Contains(text, leak) {
+				t.Errorf("%s carries %q: %s", what, leak, text)
+			}
+		}
+	}
+	if n := strings.Count(logs.String(), `"msg":"finish: request failed"`); n != 1 ||
+		!strings.Contains(logs.String(), `"request_id":"req_fail1"`) || !strings.Contains(logs.String(), "invalid_request_error") {
+		t.Fatalf("want one failure line with the request id and the detail, got %d: %s", n, logs.String())
+	}
+}
+
+func TestTenantReason(t *testing.T) {
+	t.Parallel()
+	j := job.Job{ID: "req_x1", Route: llm.Route{Provider: llm.ProviderClaude, Tier: "sonnet"}}
+	const leak = "dial tcp 10.0.0.7:6379: org-SECRET123"
+	tests := []struct {
+		code   job.Code
+		reason string
+		want   string // substring
+	}{
+		{job.CodeDeadline, "deadline_exceeded: waited 30s (queue_max_wait 30s) before it could start",
+			"deadline_exceeded: waited 30s (queue_max_wait 30s) before it could start (request req_x1)"},
+		{job.CodeDeadline, "", "deadline_exceeded (request req_x1)"},
+		{job.CodeCancelled, "cancelled by the caller", "cancelled by the caller (request req_x1)"},
+		{job.CodeProviderError, leak, "provider_error: the provider refused this request (request req_x1)"},
+		{job.CodeProviderUnavailable, leak, "provider_unavailable: "},
+		{job.CodeNoRoute, leak, "no_route: no provider key is configured for claude/sonnet or its fallback (request req_x1)"},
+		{job.CodeLost, leak, "lost: "},
+		{"", leak, "the request failed (request req_x1)"},
+	}
+	for _, tt := range tests {
+		got := TenantReason(j, tt.code, tt.reason)
+		if !strings.Contains(got, tt.want) || !strings.Contains(got, "req_x1") || strings.Contains(got, "10.0.0.7") ||
+			strings.Contains(got, "SECRET") {
+			t.Errorf("TenantReason(%q, %q) = %q, want it to contain %q and the id, and nothing of the reason", tt.code, tt.reason, got, tt.want)
+		}
 	}
 }
 

@@ -131,8 +131,17 @@ func (s *Server) compat(c *gin.Context, d dialect) {
 		d.fail(c, http.StatusBadRequest, "invalid_header", err.Error())
 		return
 	}
+	t := tenantOf(c)
+	if !s.waits.enter(t.Name, t.MaxSyncWaits) {
+		c.Header("Retry-After", "5")
+		d.fail(c, http.StatusTooManyRequests, "too_many_waits", fmt.Sprintf(
+			"this tenant already has %d requests waiting for their answers on this API process; retry later, or submit to POST /v1/requests and follow its events",
+			t.MaxSyncWaits))
+		return
+	}
+	defer s.waits.leave(t.Name)
 	ctx := c.Request.Context()
-	a, err := s.d.Intake.Submit(ctx, tenantOf(c), sub)
+	a, err := s.d.Intake.Submit(ctx, t, sub)
 	if err != nil {
 		s.compatSubmitError(c, d, err)
 		return
@@ -192,7 +201,11 @@ func (s *Server) compatSubmitError(c *gin.Context, d dialect, err error) {
 	var ie *intake.InputError
 	var full *queue.FullError
 	var rl *intake.RateLimitError
+	var tf *intake.TenantFullError
 	switch {
+	case errors.As(err, &tf):
+		c.Header("Retry-After", strconv.Itoa(ceilSeconds(tf.RetryAfter)))
+		d.fail(c, http.StatusTooManyRequests, "tenant_queue_full", tf.Error())
 	case errors.As(err, &ie):
 		status := ie.Status
 		if status == http.StatusUnprocessableEntity {

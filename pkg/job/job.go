@@ -6,7 +6,8 @@
 // Redis layout (prefix p, default "bulwark:"):
 //
 //	p job:{id}     hash: "job" (Job JSON, immutable), "status", "state" (State JSON, written by the worker),
-//	               "reason" and "code" (why it ended, written with terminal statuses)
+//	               "reason" and "code" (why it ended, written with terminal statuses),
+//	               "detail" (what happened, for operators only)
 //	p live         sorted set: id → creation (Unix ms) of every request not ended yet,
 //	               so a sweep can find one whose task was lost
 //	p ev:{id}      stream of events (field "e": Event JSON); the stream ID is the SSE event id
@@ -41,7 +42,7 @@ const (
 
 // Code says, in a closed vocabulary, why a request failed or was
 // cancelled. HTTP answers and metrics switch on it; Record.Reason is the
-// text for people.
+// text for the tenant, Record.Detail for operators.
 type Code string
 
 const (
@@ -119,9 +120,17 @@ type Record struct {
 	Status Status
 	State  State
 	// Code and Reason say why a request failed or was cancelled: Code for
-	// programs, Reason for people.
+	// programs, Reason for the tenant. Reason is the fixed text of Code
+	// (pkg/finish writes it) and never quotes a provider or an error, so
+	// every path that shows it (GET, events, compat error bodies, history)
+	// is safe to show.
 	Code   Code
 	Reason string
+	// Detail is what happened, for operators: the provider's answer or
+	// the error, redacted (provider.Redact). No tenant-facing view reads
+	// it; operators find it in the worker's log line for the failure and
+	// in the record's "detail" field while the record lives.
+	Detail string
 }
 
 // EventType names an event. Each status change has one; "queued" also

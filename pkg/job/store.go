@@ -45,9 +45,9 @@ func NewStore(rdb Redis, prefix string, ttl time.Duration) *Store {
 	return &Store{rdb: rdb, prefix: prefix, ttl: ttl}
 }
 
-func (s *Store) jobKey(id string) string    { return s.prefix + "job:" + id }
-func (s *Store) liveKey() string            { return s.prefix + "live" }
-func (s *Store) streamKey(id string) string { return s.prefix + "ev:" + id }
+func (s *Store) jobKey(id string) string            { return s.prefix + "job:" + id }
+func (s *Store) liveKey() string                    { return s.prefix + "live" }
+func (s *Store) streamKey(id string) string         { return s.prefix + "ev:" + id }
 func (s *Store) tenantLiveKey(tenant string) string { return s.prefix + "live-of:" + tenant }
 func (s *Store) idemKey(tenant, key string) string {
 	return s.prefix + "idem:" + tenant + ":" + key
@@ -142,7 +142,8 @@ func (s *Store) Create(ctx context.Context, j *Job, ev Event, idemKey string, ma
 // ARGV[1] new status ("" keeps it), ARGV[2] state JSON ("" keeps it),
 // ARGV[3] event JSON ("" for none), ARGV[4] channel, ARGV[5] id,
 // ARGV[6] ttl seconds to set when the new status is terminal (0 none),
-// ARGV[7] reason ("" none), ARGV[8] max events, ARGV[9] code ("" none)
+// ARGV[7] reason ("" none), ARGV[8] max events, ARGV[9] code ("" none),
+// ARGV[10] detail ("" none)
 // Reply: {1, streamID or ""} done; {0, current status} refused (ended or missing).
 var transitionScript = redis.NewScript(`
 local cur = redis.call("HGET", KEYS[1], "status")
@@ -155,6 +156,7 @@ if ARGV[1] ~= "" then redis.call("HSET", KEYS[1], "status", ARGV[1]) end
 if ARGV[2] ~= "" then redis.call("HSET", KEYS[1], "state", ARGV[2]) end
 if ARGV[7] ~= "" then redis.call("HSET", KEYS[1], "reason", ARGV[7]) end
 if ARGV[9] ~= "" then redis.call("HSET", KEYS[1], "code", ARGV[9]) end
+if ARGV[10] ~= "" then redis.call("HSET", KEYS[1], "detail", ARGV[10]) end
 local sid = ""
 if ARGV[3] ~= "" then
   sid = redis.call("XADD", KEYS[2], "MAXLEN", "~", ARGV[8], "*", "e", ARGV[3])
@@ -173,8 +175,9 @@ type Change struct {
 	Status Status // "" keeps the status
 	State  *State // nil keeps the state
 	Event  *Event // nil appends no event
-	Reason string // why it failed or was cancelled, for people
+	Reason string // why it failed or was cancelled, for the tenant
 	Code   Code   // why it failed or was cancelled, for programs
+	Detail string // what happened, for operators (see Record.Detail)
 }
 
 // Apply applies c unless the request has ended. It returns the event's
@@ -199,7 +202,7 @@ func (s *Store) Apply(ctx context.Context, id string, c Change) (string, error) 
 		ttl = int(s.ttl.Seconds())
 	}
 	res, err := transitionScript.Run(ctx, s.rdb, []string{s.jobKey(id), s.streamKey(id), s.liveKey()},
-		string(c.Status), state, event, s.Channel(), id, ttl, c.Reason, MaxEvents, string(c.Code)).Slice()
+		string(c.Status), state, event, s.Channel(), id, ttl, c.Reason, MaxEvents, string(c.Code), c.Detail).Slice()
 	if err != nil {
 		return "", fmt.Errorf("job: update %s: %w", id, err)
 	}
@@ -225,7 +228,7 @@ func (s *Store) Get(ctx context.Context, id string) (*Record, error) {
 	if len(m) == 0 || m["job"] == "" {
 		return nil, ErrNotFound
 	}
-	r := &Record{Status: Status(m["status"]), Reason: m["reason"], Code: Code(m["code"])}
+	r := &Record{Status: Status(m["status"]), Reason: m["reason"], Code: Code(m["code"]), Detail: m["detail"]}
 	if err := json.Unmarshal([]byte(m["job"]), &r.Job); err != nil {
 		return nil, fmt.Errorf("job: decode %s: %w", id, err)
 	}

@@ -28,8 +28,8 @@ const (
 	ClassTransient Class = "transient"
 	// ClassAuth: the key is wrong or revoked (401/403). Disable the key.
 	ClassAuth Class = "auth"
-	// ClassPermanent: the request itself is wrong (other 4xx). Fail at once
-	// with the provider's message.
+	// ClassPermanent: the request itself is wrong (other 4xx). Fail at once;
+	// the provider's message is for the operators' log, not the caller.
 	ClassPermanent Class = "permanent"
 	// ClassModelUnavailable: the provider does not serve the route's model
 	// (not found, retired, not enabled for the account). The request is

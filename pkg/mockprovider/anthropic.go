@@ -394,6 +394,9 @@ func (anthropicWire) writeError(w http.ResponseWriter, e *apiError, requestID st
 			"Usage resumes at the start of next month or when you move to a higher tier."
 		d.Details = &anthropicErrorDetails{ErrorCode: "enforced_spend_limit_reached"}
 	}
+	if e.custom != "" {
+		d.Message = e.custom
+	}
 	if e.retryAfter > 0 {
 		w.Header().Set("retry-after", strconv.FormatInt(retryAfterSeconds(e.retryAfter), 10))
 	}

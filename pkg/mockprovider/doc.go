@@ -12,7 +12,7 @@
 //	GET    /mock/stats           Stats as JSON (counters and in-flight gauges)
 //	POST   /mock/reset           zero the counters and in-flight maxima, refill every bucket
 //	GET    /mock/faults          faults in force
-//	POST   /mock/faults          add a Fault: {"provider","key_fingerprint","mode","count","retry_after":"2s"}
+//	POST   /mock/faults          add a Fault: {"provider","key_fingerprint","mode","count","retry_after":"2s","message"}
 //	DELETE /mock/faults          remove every fault
 //	POST   /mock/latency         {"latency":"200ms","jitter":"50ms"} (either field)
 //

@@ -33,6 +33,9 @@ const (
 	// up (its context ends) or the Server is closed, which drops the
 	// connection.
 	FaultTimeout FaultMode = "timeout"
+	// FaultInvalidRequest answers 400 invalid_request_error: the provider
+	// refuses the request itself.
+	FaultInvalidRequest FaultMode = "invalid_request"
 )
 
 // FaultRetryAfterDefault is the retry-after of a FaultRateLimit whose
@@ -42,7 +45,8 @@ const FaultRetryAfterDefault = time.Second
 // Valid reports whether m is a known mode.
 func (m FaultMode) Valid() bool {
 	switch m {
-	case FaultRateLimit, FaultOverloaded, FaultServerError, FaultInsufficientQuota, FaultSpendLimit, FaultTimeout:
+	case FaultRateLimit, FaultOverloaded, FaultServerError, FaultInsufficientQuota, FaultSpendLimit, FaultTimeout,
+		FaultInvalidRequest:
 		return true
 	}
 	return false
@@ -67,6 +71,10 @@ type Fault struct {
 	// server_error answers; 0 sends none on the latter two. Quota and
 	// spend-limit answers never carry one.
 	RetryAfter time.Duration
+	// Message, when set, replaces the error message of the answer, so a
+	// test can make a provider say something (an organisation id, an
+	// address) and check where it goes.
+	Message string
 }
 
 // faultJSON is Fault on the wire of POST /mock/faults: retry_after is a Go
@@ -77,11 +85,12 @@ type faultJSON struct {
 	Mode           FaultMode `json:"mode"`
 	Count          int       `json:"count,omitempty"`
 	RetryAfter     string    `json:"retry_after,omitempty"`
+	Message        string    `json:"message,omitempty"`
 }
 
 // MarshalJSON encodes f with retry_after as a duration string.
 func (f Fault) MarshalJSON() ([]byte, error) {
-	j := faultJSON{Provider: f.Provider, KeyFingerprint: f.KeyFingerprint, Mode: f.Mode, Count: f.Count}
+	j := faultJSON{Provider: f.Provider, KeyFingerprint: f.KeyFingerprint, Mode: f.Mode, Count: f.Count, Message: f.Message}
 	if f.RetryAfter != 0 {
 		j.RetryAfter = f.RetryAfter.String()
 	}
@@ -97,7 +106,7 @@ func (f *Fault) UnmarshalJSON(b []byte) error {
 	if err := dec.Decode(&j); err != nil {
 		return err
 	}
-	*f = Fault{Provider: j.Provider, KeyFingerprint: j.KeyFingerprint, Mode: j.Mode, Count: j.Count}
+	*f = Fault{Provider: j.Provider, KeyFingerprint: j.KeyFingerprint, Mode: j.Mode, Count: j.Count, Message: j.Message}
 	if j.RetryAfter != "" {
 		d, err := time.ParseDuration(j.RetryAfter)
 		if err != nil {
@@ -115,7 +124,7 @@ func (f Fault) validate() error {
 		return fmt.Errorf("mockprovider: Fault.Provider %q: want claude, openai or empty", f.Provider)
 	}
 	if !f.Mode.Valid() {
-		return fmt.Errorf("mockprovider: Fault.Mode %q: want rate_limit, overloaded, server_error, insufficient_quota, spend_limit or timeout", f.Mode)
+		return fmt.Errorf("mockprovider: Fault.Mode %q: want rate_limit, overloaded, server_error, insufficient_quota, spend_limit, timeout or invalid_request", f.Mode)
 	}
 	if f.Count < 0 {
 		return fmt.Errorf("mockprovider: Fault.Count %d: want >= 0", f.Count)
@@ -186,7 +195,18 @@ func (s *Server) takeFault(p provider, fp string) (Fault, bool) {
 
 // faultError is the answer an injected fault gives, or nil for a timeout.
 func faultError(f Fault) *apiError {
+	e := faultKind(f)
+	if e != nil {
+		e.custom = f.Message
+	}
+	return e
+}
+
+// faultKind is the answer of f's mode, in the wire's own wording.
+func faultKind(f Fault) *apiError {
 	switch f.Mode {
+	case FaultInvalidRequest:
+		return invalid("the request is invalid")
 	case FaultRateLimit:
 		ra := f.RetryAfter
 		if ra == 0 {

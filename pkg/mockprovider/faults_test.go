@@ -49,6 +49,10 @@ func TestFaultModes(t *testing.T) {
 		{"openai insufficient_quota", "chat", Fault{Mode: FaultInsufficientQuota}, 429, "insufficient_quota", "insufficient_quota", "", "", "quota"},
 		{"openai spend_limit", "chat", Fault{Mode: FaultSpendLimit}, 429, "insufficient_quota", "insufficient_quota", "", "", "quota"},
 		{"embeddings rate_limit", "embed", Fault{Mode: FaultRateLimit}, 429, "requests", "rate_limit_exceeded", "1", "1000", "rate"},
+		{"claude invalid_request", "claude", Fault{Mode: FaultInvalidRequest}, 400, "invalid_request_error", "", "", "", "invalid"},
+		{"openai invalid_request", "chat", Fault{Mode: FaultInvalidRequest}, 400, "invalid_request_error", "", "", "", "invalid"},
+		{"claude message", "claude", Fault{Mode: FaultServerError, Message: "upstream org-x1 said no"}, 500, "api_error", "", "", "", "upstream org-x1 said no"},
+		{"openai message", "chat", Fault{Mode: FaultInvalidRequest, Message: "bad key ab12"}, 400, "invalid_request_error", "", "", "", "bad key ab12"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -303,12 +307,13 @@ func TestLatencyJitter(t *testing.T) {
 
 func TestFaultJSONRoundTrip(t *testing.T) {
 	t.Parallel()
-	f := Fault{Provider: "claude", KeyFingerprint: "fp_0123456789", Mode: FaultSpendLimit, Count: 3, RetryAfter: 1500 * time.Millisecond}
+	f := Fault{Provider: "claude", KeyFingerprint: "fp_0123456789", Mode: FaultSpendLimit, Count: 3, RetryAfter: 1500 * time.Millisecond,
+		Message: "no"}
 	raw, err := json.Marshal(f)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(raw) != `{"provider":"claude","key_fingerprint":"fp_0123456789","mode":"spend_limit","count":3,"retry_after":"1.5s"}` {
+	if string(raw) != `{"provider":"claude","key_fingerprint":"fp_0123456789","mode":"spend_limit","count":3,"retry_after":"1.5s","message":"no"}` {
 		t.Errorf("json = %s", raw)
 	}
 	var back Fault

@@ -115,6 +115,9 @@ func (openAIBase) writeError(w http.ResponseWriter, e *apiError, _ string) {
 		status, d.Type, d.Code = http.StatusTooManyRequests, "insufficient_quota", str("insufficient_quota")
 		d.Message = "You exceeded your current quota, please check your plan and billing details."
 	}
+	if e.custom != "" {
+		d.Message = e.custom
+	}
 	if e.retryAfter > 0 {
 		w.Header().Set("retry-after", strconv.FormatInt(retryAfterSeconds(e.retryAfter), 10))
 		w.Header().Set("retry-after-ms", strconv.FormatInt(retryAfterMillis(e.retryAfter), 10))

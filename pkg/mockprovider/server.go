@@ -284,6 +284,7 @@ type apiError struct {
 	kind       errKind
 	status     int    // errInvalid only; 0 means 400
 	message    string // errInvalid only; others use the wire's wording
+	custom     string // a fault's Message: replaces the wording, "" keeps it
 	retryAfter time.Duration
 	// For rate-limit messages: which bucket refused ("requests" or
 	// "tokens"), its limit, what it had used, and what the request asked.

@@ -1,7 +1,8 @@
 // Package provider holds what Bulwark's provider adapters share: the one
 // HTTP round trip every adapter makes (Post), the parsing of Retry-After and
 // rate-limit response headers, the fallback classification of an HTTP status,
-// the redaction of anything key-shaped from provider messages, and the
+// the redaction of anything key- or address-shaped from provider messages
+// and errors (Redact, for what operators read), and the
 // Server-Sent Events framing the compat endpoints write.
 //
 // Each provider lives in its own sub-package (anthropic, openai), which owns

@@ -17,27 +17,86 @@ const Redacted = "[redacted]"
 // does not belong there.
 const MaxMessageLen = 1000
 
-// keyPatterns match credentials that a provider (or a proxy in front of it)
-// may echo back in an error message. Order matters: the labelled forms run
-// first so that their label survives.
+// keyPatterns match credentials and infrastructure details that a provider
+// (or a proxy in front of it, or a Go network error) may put in an error
+// message. Order matters: the labelled forms run first so that their label
+// survives, and URLs are taken apart before their host:port is.
 var keyPatterns = []struct {
 	re   *regexp.Regexp
 	repl string
 }{
-	// "Bearer sk-…", "Authorization: Bearer …".
+	// "Bearer sk-…", "Authorization: Bearer …", "Basic dXNlcjpwYXNz".
 	{regexp.MustCompile(`(?i)\bbearer\s+[A-Za-z0-9._~+/=*\-]+`), "Bearer " + Redacted},
+	{regexp.MustCompile(`(?i)\bbasic\s+[A-Za-z0-9+/=]{8,}`), "Basic " + Redacted},
 	// "api_key=…", "x-api-key: …", "token: …" (query strings, header dumps).
-	{regexp.MustCompile(`(?i)\b(x-api-key|api[-_]?key|access[-_]?token|token|secret)(["']?\s*[:=]\s*["']?)[^\s"',;&]+`), "${1}${2}" + Redacted},
+	{regexp.MustCompile(`(?i)\b(x-api-key|api[-_]?key|access[-_]?token|token|secret|password)(["']?\s*[:=]\s*["']?)[^\s"',;&]+`), "${1}${2}" + Redacted},
+	// "organization_id: …", "project-id=…".
+	{regexp.MustCompile(`(?i)\b(organi[sz]ation[-_ ]?id|org[-_]?id|project[-_]?id)(["']?\s*[:=]\s*["']?)[^\s"',;&]+`), "${1}${2}" + Redacted},
+	// A URL's userinfo ("https://user:pass@host") and query string, which
+	// is where gateways take their tokens.
+	{regexp.MustCompile(`(?i)\b([a-z][a-z0-9+.\-]*://)[^/\s@?#"'<>]+@`), "${1}" + Redacted + "@"},
+	{regexp.MustCompile(`(?i)(\b[a-z][a-z0-9+.\-]*://[^\s?#"'<>]*)\?[^\s#"'<>]*`), "${1}?" + Redacted},
 	// OpenAI (sk-…, sk-proj-…, sk-svcacct-…) and Anthropic (sk-ant-api03-…)
 	// keys, including the masked form OpenAI echoes ("sk-proj-****abcd").
 	{regexp.MustCompile(`\bsk-[A-Za-z0-9*_\-]{4,}`), Redacted},
+	// Organisation and project ids: OpenAI's org-…/proj_…, and UUIDs
+	// (Anthropic's organisation ids).
+	{regexp.MustCompile(`\borg-[A-Za-z0-9]{4,}`), Redacted},
+	{regexp.MustCompile(`\bproj_[A-Za-z0-9]{4,}`), Redacted},
+	{regexp.MustCompile(`\b[0-9A-Fa-f]{8}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{4}-[0-9A-Fa-f]{12}\b`), Redacted},
+	// Network addresses: IPv6 in brackets, IPv4 with or without a port,
+	// host names with a port ("redis.internal:6379"). They map the
+	// operator's network; a host name alone (api.openai.com) stays.
+	{regexp.MustCompile(`\[[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*\](?::\d{1,5})?`), Redacted},
+	{regexp.MustCompile(`\b(?:\d{1,3}\.){3}\d{1,3}(?::\d{1,5})?\b`), Redacted},
+	{regexp.MustCompile(`(?i)\b(?:localhost|(?:[a-z0-9](?:[a-z0-9\-]*[a-z0-9])?\.)+[a-z][a-z0-9\-]*):\d{1,5}\b`), Redacted},
+}
+
+// tokenRun is a run of the characters keys are made of (base64, base64url,
+// hex, and the separators of prefixed keys); longToken decides whether a
+// run is one.
+var tokenRun = regexp.MustCompile(`[A-Za-z0-9+/=_\-]{16,}`)
+
+// longToken reports whether run looks like a credential of any prefix: one
+// of its pieces (between separators) is at least 16 characters mixing
+// letters and digits, or at least 32 mixing upper and lower case. Words,
+// snake_case codes ("context_length_exceeded") and model names
+// ("claude-sonnet-4-5-20250929") have no such piece. Request ids (req_…,
+// Bulwark's and Anthropic's) are what an operator looks a failure up by:
+// they stay.
+func longToken(run string) bool {
+	if strings.HasPrefix(run, "req_") {
+		return false
+	}
+	for piece := range strings.FieldsFuncSeq(run, func(r rune) bool { return strings.ContainsRune("+/=_-", r) }) {
+		var letter, digit, upper, lower bool
+		for _, r := range piece {
+			switch {
+			case r >= '0' && r <= '9':
+				digit = true
+			case r >= 'a' && r <= 'z':
+				letter, lower = true, true
+			case r >= 'A' && r <= 'Z':
+				letter, upper = true, true
+			}
+		}
+		if (len(piece) >= 16 && letter && digit) || (len(piece) >= 32 && upper && lower) {
+			return true
+		}
+	}
+	return false
 }
 
 // Redact returns msg with every occurrence of each non-empty key removed,
-// then anything else that looks like a credential (sk-… keys, bearer tokens,
-// api_key=… pairs), and cuts the result to MaxMessageLen bytes. The keys are
-// the ones the caller actually sent, so an exact echo is caught whatever its
-// shape.
+// then anything else that looks like a credential or an address (sk-… keys
+// and long key-like tokens of any prefix, bearer tokens, api_key=… pairs,
+// organisation and project ids, URL userinfo and query strings, IP
+// addresses and host:port pairs), and cuts the result to MaxMessageLen
+// bytes. The keys are the ones the caller actually sent, so an exact echo
+// is caught whatever its shape.
+//
+// It is for what operators read (logs, a request's detail); nothing a
+// provider or a Go error says reaches a tenant, redacted or not.
 func Redact(msg string, keys ...secret.String) string {
 	for _, k := range keys {
 		if !k.IsZero() {
@@ -47,6 +106,12 @@ func Redact(msg string, keys ...secret.String) string {
 	for _, p := range keyPatterns {
 		msg = p.re.ReplaceAllString(msg, p.repl)
 	}
+	msg = tokenRun.ReplaceAllStringFunc(msg, func(run string) string {
+		if longToken(run) {
+			return Redacted
+		}
+		return run
+	})
 	return truncate(msg, MaxMessageLen)
 }
 

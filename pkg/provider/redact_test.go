@@ -25,6 +25,37 @@ func TestRedact(t *testing.T) {
 		{"x-api-key header dump", `x-api-key: "s3cr3t"`, `x-api-key: "[redacted]"`},
 		{"token words are not keys", "max_tokens: 100000 > 64000; tokens per min (TPM)", "max_tokens: 100000 > 64000; tokens per min (TPM)"},
 		{"sk- inside a word is not a key", "task-1234 risk-free", "task-1234 risk-free"},
+		{"basic auth", "Authorization: Basic dXNlcjpwYXNzd29yZA==", "Authorization: Basic [redacted]"},
+		{"password pair", "password=hunter2;", "password=[redacted];"},
+
+		// Keys of any prefix: long runs mixing letters and digits.
+		{"hex key fragment", "key ab12cd34ef56ab12cd34ef56 rejected", "key [redacted] rejected"},
+		{"prefixed key", "used gsk_4f9Qx7Lm2Zp8Rt6Vb3Nc1Kd5", "used [redacted]"},
+		{"base64 key", "token dGhpcyBpcyBhIHNlY3JldCBrZXkgdmFsdWU0Mg== expired", "token [redacted] expired"},
+		{"long mixed-case run", "cred AbCdEfGhIjKlMnOpQrStUvWxYzAbCdEfGh end", "cred [redacted] end"},
+		{"model names stay", "model claude-sonnet-4-5-20250929 and gpt-4o-mini-2024-07-18 not found", "model claude-sonnet-4-5-20250929 and gpt-4o-mini-2024-07-18 not found"},
+		{"error codes stay", "context_length_exceeded: invalid_request_error", "context_length_exceeded: invalid_request_error"},
+		{"request ids stay", "see req_mfq3x2ab0123456789abcdef01 and req_011CSHoEeqs5C35K2UUqR7Fy", "see req_mfq3x2ab0123456789abcdef01 and req_011CSHoEeqs5C35K2UUqR7Fy"},
+
+		// Organisation and project ids.
+		{"openai org id", "Rate limit reached in organization org-SECRET123 on tokens", "Rate limit reached in organization [redacted] on tokens"},
+		{"openai project id", "project proj_Ab12Cd34 is archived", "project [redacted] is archived"},
+		{"anthropic org uuid", "organization 3f2a9c1e-5b7d-4e8f-9a0b-1c2d3e4f5a6b is disabled", "organization [redacted] is disabled"},
+		{"labelled org id", `{"organization_id": "acme"}`, `{"organization_id": "[redacted]"}`},
+
+		// URLs: userinfo and query strings.
+		{"url userinfo", "proxy https://bob:s3cr3t@gw.example.com/v1 refused", "proxy https://[redacted]@gw.example.com/v1 refused"},
+		{"url query", "POST https://gw.example.com/v1/messages?key=abc&team=x failed", "POST https://gw.example.com/v1/messages?[redacted] failed"},
+		{"url without query stays", "see https://docs.claude.com/en/api/rate-limits.", "see https://docs.claude.com/en/api/rate-limits."},
+
+		// Addresses.
+		{"ipv4 with port", "redis at 10.0.0.7:6379 refused", "redis at [redacted] refused"},
+		{"ipv4 alone", "from 192.168.1.20 denied", "from [redacted] denied"},
+		{"ipv6 with port", "dial tcp [fd00::1]:443: connect: connection refused", "dial tcp [redacted]: connect: connection refused"},
+		{"host with port", "dial tcp redis.internal.corp:6379: i/o timeout", "dial tcp [redacted]: i/o timeout"},
+		{"localhost with port", "connect localhost:5432 failed", "connect [redacted] failed"},
+		{"url host and port", "Post \"http://10.1.2.3:8080/v1/messages\": EOF", "Post \"http://[redacted]/v1/messages\": EOF"},
+		{"times and ratios stay", "retry at 12:30:45, limit 1.5:1, field messages.0.content: bad", "retry at 12:30:45, limit 1.5:1, field messages.0.content: bad"},
 	}
 	for _, tt := range tests {
 		if got := Redact(tt.in, key, secret.String{}); got != tt.want {
