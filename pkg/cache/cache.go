@@ -467,7 +467,13 @@ func (c *Cache) search(ctx context.Context, round int, scope, ents string, emb [
 	if !withText {
 		threshold = 2 // above any similarity: no text fetched
 	}
-	rows, err := c.pool.Query(ctx, c.sqlSearch[round], pgvector.NewVector(emb), scope, threshold, ents)
+	// An unnamed statement (CacheDescribe) is planned with this lookup's
+	// values every time. A prepared one switches to a generic plan after
+	// five executions, and that plan, estimating one row for the scope and
+	// entities, sorts the group instead of walking the HNSW index: 8 ms
+	// instead of 2.5 ms at p50 with 100,000 rows (BenchmarkLookup).
+	rows, err := c.pool.Query(ctx, c.sqlSearch[round], pgx.QueryExecModeCacheDescribe,
+		pgvector.NewVector(emb), scope, threshold, ents)
 	if err != nil {
 		return nil, err
 	}
