@@ -1,5 +1,5 @@
 # The two commands of the README: `make run` and `make test`.
-.PHONY: run test build bench storm faults lint
+.PHONY: run test build bench storm faults fuzz lint
 
 run:
 	scripts/run.sh
@@ -32,6 +32,37 @@ storm:
 # and a 2-minute provider outage. About 5 minutes; each test prints one line.
 faults:
 	BULWARK_FAULTS=1 BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -count=1 -run '^TestFault' -v -timeout 20m ./pkg/storm
+
+# Fuzzing: each target below in turn for FUZZTIME (default 60s), against
+# the Redis and PostgreSQL of scripts/test.sh (the pkg/service targets run
+# a whole API and worker). `go test -fuzz` takes one package and one target
+# at a time. Every target runs even after another failed; a failing input
+# is written to the package's testdata/fuzz/<target>/, where `make test`
+# replays it: fix the code, or move the input to testdata/fuzz-findings/
+# <target>/ (open findings, not replayed) before committing. Each
+# target's seed corpus also runs in `make test`, as ordinary tests. New
+# interesting inputs stay in Go's cache (go env GOCACHE), not in the tree.
+# Minimising an input is capped at 1s: the pkg/service targets see new
+# coverage often (the system's own goroutines) and would otherwise spend
+# their time minimising instead of fuzzing.
+FUZZTIME ?= 60s
+FUZZ_TARGETS = \
+	pkg/job:FuzzValidEventID \
+	pkg/priority:FuzzParse \
+	pkg/config:FuzzParse \
+	pkg/provider:FuzzDecodeOpenAIRequest \
+	pkg/provider:FuzzDecodeAnthropicRequest \
+	pkg/service:FuzzAPIBody \
+	pkg/service:FuzzLastEventID
+
+fuzz:
+	@failed=; for t in $(FUZZ_TARGETS); do \
+	  pkg=$${t%%:*}; name=$${t##*:}; \
+	  echo "fuzz: $$name in ./$$pkg for $(FUZZTIME)"; \
+	  BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) \
+	    -fuzzminimizetime 1s -timeout 30m ./$$pkg || failed="$$failed $$name"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "fuzz: failing inputs found by$$failed" >&2; exit 1; fi
 
 # golangci-lint at a pinned version (also run by `make test`).
 lint:

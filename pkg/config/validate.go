@@ -1,8 +1,10 @@
 package config
 
 import (
+	"encoding/hex"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/url"
 	"regexp"
@@ -35,6 +37,7 @@ func (c *Config) validate() error {
 	if c.Postgres.DSN.IsZero() {
 		add("postgres.dsn", "is required")
 	}
+	c.validateLimits(add)
 	if c.Postgres.HistoryRetention < time.Hour {
 		add("postgres.history_retention", "must be at least 1h, got %s", c.Postgres.HistoryRetention)
 	}
@@ -169,7 +172,7 @@ func (c *Config) validate() error {
 	}
 
 	ca := c.Cache
-	if ca.Threshold <= 0 || ca.Threshold > 1 {
+	if !(ca.Threshold > 0 && ca.Threshold <= 1) { // NaN too
 		add("cache.threshold", "must be in (0, 1], got %g", ca.Threshold)
 	}
 	for layer, ttl := range ca.TTL {
@@ -212,7 +215,7 @@ func (c *Config) validate() error {
 			add(field+".name", "duplicate tenant %q", t.Name)
 		}
 		names[t.Name] = true
-		if len(t.TokenSHA256) != 64 {
+		if _, err := hex.DecodeString(t.TokenSHA256); len(t.TokenSHA256) != 64 || err != nil {
 			add(field+".token", "token or token_sha256 (64 hex digits) is required")
 		} else if hashes[t.TokenSHA256] {
 			add(field+".token", "the same token is used by another tenant")
@@ -309,4 +312,35 @@ func loopback(host string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// validateLimits refuses a negative or NaN value where only a positive one
+// makes sense (defaults replace zeros before validation): found by
+// FuzzParse, each would have been accepted and misbehaved at run time.
+func (c *Config) validateLimits(add func(field, format string, args ...any)) {
+	s, w, q := c.Server, c.Worker, c.Queue
+	for _, l := range []struct {
+		field string
+		v     int64
+	}{
+		{"server.max_body_bytes", s.MaxBodyBytes}, {"server.max_prompt_chars", int64(s.MaxPromptChars)},
+		{"server.max_tokens_limit", int64(s.MaxTokensLimit)}, {"server.default_max_tokens", int64(s.DefaultMaxTokens)},
+		{"server.max_header_bytes", int64(s.MaxHeaderBytes)}, {"worker.concurrency", int64(w.Concurrency)},
+		{"worker.max_attempts", int64(w.MaxAttempts)},
+		{"server.sync_timeout", int64(s.SyncTimeout)}, {"server.result_ttl", int64(s.ResultTTL)},
+		{"server.read_header_timeout", int64(s.ReadHeaderTimeout)}, {"server.read_timeout", int64(s.ReadTimeout)},
+		{"server.write_timeout", int64(s.WriteTimeout)}, {"server.stream_max_lifetime", int64(s.StreamMaxLifetime)},
+		{"worker.task_check_interval", int64(w.TaskCheckInterval)},
+		{"worker.delayed_task_check_interval", int64(w.DelayedTaskCheckInterval)},
+		{"queue.slot_lease", int64(q.SlotLease)},
+	} {
+		if l.v <= 0 {
+			add(l.field, "must be > 0")
+		}
+	}
+	for route, p := range c.Prices {
+		if !(p.Input >= 0 && p.Output >= 0) || math.IsInf(p.Input, 0) || math.IsInf(p.Output, 0) {
+			add("prices."+route, "input and output must be finite and >= 0")
+		}
+	}
 }

@@ -91,6 +91,10 @@ func (s *Store) Submitted(ctx context.Context, j *job.Job, status job.Status, ca
 func (s *Store) Finished(ctx context.Context, rec *job.Record, costUSD float64) {
 	if err := s.finished(ctx, rec, costUSD); err != nil {
 		s.failed("finish", err)
+		if refused(err) {
+			s.lost(rec.Job.ID, err) // would fail again on every replay
+			return
+		}
 		s.keep(ctx, rec, costUSD)
 	}
 }

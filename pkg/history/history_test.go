@@ -10,6 +10,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"bulwark/pkg/history"
+	"bulwark/pkg/job"
+	"bulwark/pkg/llm"
+	"bulwark/pkg/priority"
 	"bulwark/pkg/testenv"
 )
 
@@ -45,5 +48,32 @@ func TestPruneKeepsTheRetention(t *testing.T) {
 	var left int
 	if err := pool.QueryRow(ctx, "SELECT count(*) FROM requests").Scan(&left); err != nil || left != recent {
 		t.Fatalf("%d rows left (%v), want the %d recent ones", left, err, recent)
+	}
+}
+
+// An outcome PostgreSQL refuses for its data (a NUL in the answer) is lost,
+// counted and logged, not kept: in the outbox it would fail on every replay
+// and hold back every outcome behind it.
+func TestRefusedOutcomeIsNotKept(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, testenv.Postgres(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	rdb := testenv.Redis(t)
+	s := history.New(pool, slog.New(slog.DiscardHandler), time.Minute)
+	key := "t:" + t.Name() + ":outbox"
+	s.Outbox(rdb, key, 10)
+	var dropped int
+	s.OnDrop = func() { dropped++ }
+	now := time.Now()
+	rec := &job.Record{Job: job.Job{ID: "nul-answer", Tenant: "demo", Priority: priority.Normal,
+		Route: llm.Route{Provider: llm.ProviderClaude, Tier: "sonnet"}, CreatedAt: now}, Status: job.StatusCompleted,
+		State: job.State{FinishedAt: now, Result: &llm.Response{Content: []llm.Block{{Type: llm.BlockText, Text: "a\x00b"}}}}}
+	s.Finished(ctx, rec, 0)
+	if n, err := s.Backlog(ctx); err != nil || n != 0 || dropped != 1 {
+		t.Fatalf("backlog %d (%v), dropped %d: want the refused outcome dropped, not kept", n, err, dropped)
 	}
 }

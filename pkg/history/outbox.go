@@ -5,7 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 
 	"bulwark/pkg/job"
@@ -64,10 +66,22 @@ func (s *Store) keep(ctx context.Context, rec *job.Record, costUSD float64) {
 			err = fmt.Errorf("outbox full (%d outcomes)", s.outbox.max)
 		}
 	}
+	s.lost(rec.Job.ID, err)
+}
+
+// lost counts and logs an outcome history will never have.
+func (s *Store) lost(id string, err error) {
 	if s.OnDrop != nil {
 		s.OnDrop()
 	}
-	s.logger.Error("history: outcome lost; its row stays as it was", "request_id", rec.Job.ID, "status", rec.Status, "err", err)
+	s.logger.Error("history: outcome lost; its row stays as it was", "request_id", id, "err", err)
+}
+
+// refused reports whether PostgreSQL refused the data itself (SQLSTATE
+// class 22, e.g. a NUL in text or jsonb): writing it again fails again.
+func refused(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22")
 }
 
 // Backlog is how many outcomes wait in the outbox.
@@ -121,6 +135,10 @@ func (s *Store) replay(ctx context.Context, entries []string) (int, error) {
 			continue
 		}
 		if err := s.finished(ctx, k.Record, k.CostUSD); err != nil {
+			if refused(err) {
+				s.lost(k.Record.Job.ID, err) // retrying cannot help; it would block the rest
+				continue
+			}
 			return i, fmt.Errorf("history: replay %s: %w", k.Record.Job.ID, err)
 		}
 	}

@@ -1,12 +1,14 @@
 package intake
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -50,6 +52,41 @@ func nul(field string) *InputError {
 	return invalid(field, "must not contain a NUL character (\\u0000)")
 }
 
+// hasNUL reports whether v holds a NUL character in any string, key or raw
+// JSON value (a tool's name as much as a prompt). Its JSON has a NUL
+// escaped as \u0000; only then is it decoded, to tell a NUL from a text
+// that spells the escape out.
+func hasNUL(v any) bool {
+	js, err := json.Marshal(v)
+	if err != nil {
+		return true
+	}
+	if !bytes.Contains(js, []byte(`\u0000`)) {
+		return false
+	}
+	var doc any
+	if err := json.Unmarshal(js, &doc); err != nil {
+		return true
+	}
+	return nulIn(doc)
+}
+
+func nulIn(v any) bool {
+	switch x := v.(type) {
+	case string:
+		return strings.ContainsRune(x, 0)
+	case []any:
+		return slices.ContainsFunc(x, nulIn)
+	case map[string]any:
+		for k, e := range x {
+			if strings.ContainsRune(k, 0) || nulIn(e) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 func (in *Intake) build(t Tenant, s Submission) (*job.Job, error) {
 	if !in.cfg.Routes[s.Route] {
 		return nil, &InputError{Status: http.StatusNotFound, Code: "unknown_model", Field: "model_tier",
@@ -77,10 +114,18 @@ func (in *Intake) build(t Tenant, s Submission) (*job.Job, error) {
 			default:
 				return nil, invalid(fmt.Sprintf("messages[%d].content[%d].type", i, k), "must be text, tool_use or tool_result, not %q", b.Type)
 			}
-			if strings.ContainsRune(b.Text, 0) || strings.ContainsRune(string(b.Input), 0) || strings.Contains(string(b.Input), `\u0000`) {
+			if hasNUL(b) {
 				return nil, nul(fmt.Sprintf("messages[%d].content[%d]", i, k))
 			}
 		}
+	}
+	for i, tool := range req.Tools {
+		if hasNUL(tool) {
+			return nil, nul(fmt.Sprintf("tools[%d]", i))
+		}
+	}
+	if hasNUL(req) { // stop sequences, tool choice, anything else
+		return nil, nul("request")
 	}
 	if req.Messages[len(req.Messages)-1].Role != llm.RoleUser {
 		return nil, invalid("messages", "the last message must come from the user")

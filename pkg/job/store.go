@@ -299,8 +299,12 @@ func ValidEventID(id string, now time.Time) bool {
 		return false
 	}
 	m, err1 := strconv.ParseUint(ms, 10, 64)
-	_, err2 := strconv.ParseUint(seq, 10, 64)
-	return err1 == nil && err2 == nil && m <= uint64(now.Add(time.Minute).UnixMilli())
+	q, err2 := strconv.ParseUint(seq, 10, 64)
+	// Canonical digits only: Redis refuses an id padded with zeros past
+	// its own length limit (found by FuzzValidEventID), and no id it sent
+	// has them.
+	canonical := strconv.FormatUint(m, 10) == ms && strconv.FormatUint(q, 10) == seq
+	return err1 == nil && err2 == nil && canonical && m <= uint64(now.Add(time.Minute).UnixMilli())
 }
 
 // CompareIDs orders two stream ids ("ms-seq"): -1, 0 or 1.
