@@ -2,11 +2,13 @@ package httpapi
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"reflect"
 	"strconv"
 	"time"
 
@@ -78,8 +80,16 @@ func decodeJSON(c *gin.Context, v any) bool {
 	dec := json.NewDecoder(c.Request.Body)
 	dec.DisallowUnknownFields()
 	err := dec.Decode(v)
-	if err == nil && dec.More() {
-		err = errors.New("unexpected data after the JSON object")
+	if err == nil {
+		// Read the rest too: the whole body counts against the limit, and
+		// only white space may follow the object.
+		rest, rerr := io.ReadAll(io.MultiReader(dec.Buffered(), c.Request.Body))
+		switch {
+		case rerr != nil:
+			err = rerr
+		case len(bytes.TrimSpace(rest)) > 0:
+			err = errors.New("unexpected data after the JSON object")
+		}
 	}
 	switch {
 	case err == nil:
@@ -91,13 +101,33 @@ func decodeJSON(c *gin.Context, v any) bool {
 	default:
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
+			field := cmp.Or(te.Field, "the body")
 			apiError(c, http.StatusBadRequest, "invalid_type", te.Field,
-				fmt.Sprintf("%s must be %s, not %s", te.Field, te.Type, te.Value))
+				fmt.Sprintf("%s must be %s, not %s", field, jsonKind(te.Type), te.Value))
 			return false
 		}
 		apiError(c, http.StatusBadRequest, "invalid_json", "", "malformed JSON: "+err.Error())
 	}
 	return false
+}
+
+// jsonKind names what JSON a Go type decodes from, for error messages
+// (never the Go type's own name).
+func jsonKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Pointer:
+		return jsonKind(t.Elem())
+	default:
+		return "a number"
+	}
 }
 
 func (s *Server) submit(c *gin.Context) {

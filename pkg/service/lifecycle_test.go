@@ -8,6 +8,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
+	"bulwark/pkg/maintenance"
 	"bulwark/pkg/mockprovider"
 	"bulwark/pkg/priority"
 	"bulwark/pkg/queue"
@@ -133,5 +134,36 @@ func TestSharedCallRunsAtTheMostUrgentPriority(t *testing.T) {
 		if done["status"] != "completed" || res["content"] != mockprovider.Reply("a question asked twice") {
 			t.Fatalf("%s: %v", id, done)
 		}
+	}
+}
+
+// A coalesced request has a deadline of its own: when it passes while the
+// shared call has not started, the sweep fails the follower with
+// deadline_exceeded, and the leader, whose own deadline is not the
+// follower's, is left alone.
+func TestFollowerDeadlineIsItsOwn(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{})
+	s.cfg.Queue.MaxWait = time.Second
+	api := s.startAPI() // no worker: the shared call never starts
+	leader := api.submit(t, ask("nobody will answer in time"))
+	code, out, _ := call(t, "POST", api.ts.URL+"/v1/requests", devToken, ask("nobody will answer in time"))
+	if code != http.StatusAccepted || out["coalesced"] != true {
+		t.Fatalf("not coalesced: %d %v", code, out)
+	}
+	follower := out["id"].(string)
+	sw := maintenance.NewSweeper(maintenance.SweeperDeps{Jobs: api.base.Jobs, Queue: api.base.Queue, Finisher: api.base.Finisher,
+		Redis: api.base.Redis, Prefix: s.cfg.Redis.Prefix + t.Name() + ":", Logger: s.logger(), Age: time.Millisecond})
+	waitFor(t, 10*time.Second, "the follower to fail on its own deadline", func() bool {
+		if err := sw.Sweep(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+		f, err := api.base.Jobs.Get(t.Context(), follower)
+		return err == nil && f.Status == "failed" && f.Code == "deadline_exceeded"
+	})
+	// The leader's own deadline is the expiry job's business (not run
+	// here): the follower's ending did not end it.
+	if l, err := api.base.Jobs.Get(t.Context(), leader); err != nil || l.Status != "queued" {
+		t.Fatalf("the leader ended with the follower: %v %v", l, err)
 	}
 }
