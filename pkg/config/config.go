@@ -280,6 +280,8 @@ type Tenant struct {
 	// MaxSyncWaits bounds its compat requests waiting for their answer per
 	// API process. Default 100; -1 = unlimited.
 	MaxSyncWaits int `yaml:"max_sync_waits"`
+
+	bothTokens bool // token and token_sha256 were both set: one would be ignored
 	// DefaultLayer of the cache for its requests. Default: cache.default_layer.
 	DefaultLayer string `yaml:"default_cache_layer"`
 }

@@ -163,6 +163,7 @@ func (c *Config) setDefaults() {
 			share = max(1, c.Queue.MaxDepth/2)
 		}
 		orDefault(&t.MaxQueued, share)
+		t.bothTokens = !t.Token.IsZero() && t.TokenSHA256 != ""
 		if !t.Token.IsZero() && t.TokenSHA256 == "" {
 			t.TokenSHA256 = t.Token.SHA256()
 		}

@@ -215,6 +215,9 @@ func (c *Config) validate() error {
 			add(field+".name", "duplicate tenant %q", t.Name)
 		}
 		names[t.Name] = true
+		if t.bothTokens {
+			add(field+".token", "set token or token_sha256, not both")
+		}
 		if _, err := hex.DecodeString(t.TokenSHA256); len(t.TokenSHA256) != 64 || err != nil {
 			add(field+".token", "token or token_sha256 (64 hex digits) is required")
 		} else if hashes[t.TokenSHA256] {
