@@ -26,19 +26,21 @@ import (
 
 // submitBody is POST /v1/requests.
 type submitBody struct {
-	Provider    llm.Provider       `json:"provider"`
-	ModelTier   string             `json:"model_tier"`
-	Messages    []wireMessage      `json:"messages"`
-	System      string             `json:"system"`
-	MaxTokens   int                `json:"max_tokens"`
-	Temperature *float64           `json:"temperature"`
-	Tools       []llm.Tool         `json:"tools"`
-	ToolChoice  *llm.ToolChoice    `json:"tool_choice"`
-	Stop        []string           `json:"stop_sequences"`
-	Priority    *priority.Priority `json:"priority"`
-	CaseID      string             `json:"case_id"`
-	CacheLayer  string             `json:"cache_layer"`
-	Metadata    map[string]string  `json:"metadata"`
+	Provider    llm.Provider    `json:"provider"`
+	ModelTier   string          `json:"model_tier"`
+	Messages    []wireMessage   `json:"messages"`
+	System      string          `json:"system"`
+	MaxTokens   int             `json:"max_tokens"`
+	Temperature *float64        `json:"temperature"`
+	Tools       []llm.Tool      `json:"tools"`
+	ToolChoice  *llm.ToolChoice `json:"tool_choice"`
+	Stop        []string        `json:"stop_sequences"`
+	// Priority is decoded in submit: a well-formed body naming an unknown
+	// priority is a 422 on "priority", not malformed JSON.
+	Priority   json.RawMessage   `json:"priority"`
+	CaseID     string            `json:"case_id"`
+	CacheLayer string            `json:"cache_layer"`
+	Metadata   map[string]string `json:"metadata"`
 	// CacheRead and CacheWrite default to true; false bypasses the cache.
 	CacheRead  *bool `json:"cache_read"`
 	CacheWrite *bool `json:"cache_write"`
@@ -149,8 +151,11 @@ func (s *Server) submit(c *gin.Context) {
 		IdempotencyKey: c.GetHeader("Idempotency-Key"),
 		Lang:           progress.Lang(c.GetHeader("Accept-Language")),
 	}
-	if b.Priority != nil {
-		sub.Priority = *b.Priority
+	if len(b.Priority) > 0 && string(b.Priority) != "null" {
+		if err := json.Unmarshal(b.Priority, &sub.Priority); err != nil {
+			apiError(c, http.StatusUnprocessableEntity, "invalid_request", "priority", err.Error())
+			return
+		}
 	}
 	for i, m := range b.Messages {
 		lm, err := m.toLLM(i)

@@ -106,8 +106,8 @@ func TestBadInput(t *testing.T) {
 		{name: "empty block list", path: async, auth: dev, body: msgs(`[{"role":"user","content":[]}]`), status: 422, msg: "must not be empty", field: "messages[0].content"},
 		{name: "null content", path: async, auth: dev, body: msgs(`[{"role":"user","content":null}]`), status: 400, msg: "messages[0].content: is required", field: "messages[0].content"},
 		{name: "content neither string nor blocks", path: async, auth: dev, body: msgs(`[{"role":"user","content":42}]`), status: 400, msg: "must be a string or an array of blocks", field: "messages[0].content"},
-		{name: "invalid priority", path: async, auth: dev, body: req(`"priority":"urgent",`), status: 400, msg: `invalid priority "urgent"`},
-		{name: "priority out of range", path: async, auth: dev, body: req(`"priority":5,`), status: 400, msg: "invalid priority 5: want 1-4"},
+		{name: "invalid priority", path: async, auth: dev, body: req(`"priority":"urgent",`), status: 422, msg: `invalid priority "urgent"`, field: "priority"},
+		{name: "priority out of range", path: async, auth: dev, body: req(`"priority":5,`), status: 422, msg: "invalid priority 5: want 1-4", field: "priority"},
 		// Asking above the tenant's max_priority runs at it (README): not an error.
 		{name: "priority above the tenant's max", path: async, auth: capped, body: req(`"priority":"critical",`), status: 202, msg: `"status":"queued"`},
 		{name: "max_tokens above the limit", path: async, auth: dev, body: req(`"max_tokens":32001,`), status: 422, msg: "must be between 1 and 32000, got 32001", field: "max_tokens"},
