@@ -260,7 +260,7 @@ type Tenant struct {
 	// Token is the client token in clear (usually from the environment);
 	// TokenSHA256 its hex SHA-256. Exactly one is required. Only the hash is
 	// kept in memory after loading.
-	Token       secret.String `yaml:"token"`
+	Token       secret.String `yaml:"token,omitempty"` // zero once loaded: omitted when written back
 	TokenSHA256 string        `yaml:"token_sha256"`
 	// DefaultPriority when a request names none. Default normal.
 	DefaultPriority priority.Priority `yaml:"default_priority"`
