@@ -124,6 +124,9 @@ func (in *Intake) build(t Tenant, s Submission) (*job.Job, error) {
 			return nil, nul(fmt.Sprintf("tools[%d]", i))
 		}
 	}
+	if err := checkToolUse(req); err != nil {
+		return nil, err
+	}
 	if hasNUL(req) { // stop sequences, tool choice, anything else
 		return nil, nul("request")
 	}
@@ -278,4 +281,61 @@ func truncate(s string, n int) string {
 		return s
 	}
 	return s[:n] + "…"
+}
+
+// checkToolUse refuses the tool shapes that both providers refuse, so that
+// they fail here with a 422 naming the field rather than later, after a
+// wait in the queue, as a provider error (found by the fuzz run: the
+// compat decoders refused them, the async API did not).
+func checkToolUse(req llm.Request) error {
+	for i, m := range req.Messages {
+		for k, b := range m.Content {
+			field := fmt.Sprintf("messages[%d].content[%d]", i, k)
+			switch b.Type {
+			case llm.BlockToolUse:
+				if m.Role != llm.RoleAssistant {
+					return invalid(field, "a tool_use block belongs to an assistant message")
+				}
+				if b.ToolUseID == "" || b.ToolName == "" {
+					return invalid(field, "a tool_use block needs tool_use_id and tool_name")
+				}
+				if len(b.Input) > 0 && !isObject(b.Input) { // none: an empty input
+					return invalid(field+".input", "must be a JSON object")
+				}
+			case llm.BlockToolResult:
+				if m.Role != llm.RoleUser {
+					return invalid(field, "a tool_result block belongs to a user message")
+				}
+				if b.ToolUseID == "" {
+					return invalid(field, "a tool_result block needs the tool_use_id it answers")
+				}
+			}
+		}
+	}
+	for i, t := range req.Tools {
+		if t.Name == "" {
+			return invalid(fmt.Sprintf("tools[%d].name", i), "is required")
+		}
+		if len(t.InputSchema) > 0 && !isObject(t.InputSchema) {
+			return invalid(fmt.Sprintf("tools[%d].input_schema", i), "must be a JSON Schema object")
+		}
+	}
+	if tc := req.ToolChoice; tc != nil {
+		switch tc.Mode {
+		case "", llm.ToolChoiceAuto, llm.ToolChoiceAny, llm.ToolChoiceNone:
+		case llm.ToolChoiceTool:
+			if tc.Name == "" {
+				return invalid("tool_choice.name", "is required with mode tool")
+			}
+		default:
+			return invalid("tool_choice.mode", "must be auto, any, tool or none, not %q", tc.Mode)
+		}
+	}
+	return nil
+}
+
+// isObject reports whether raw is a JSON object.
+func isObject(raw json.RawMessage) bool {
+	var m map[string]json.RawMessage
+	return json.Unmarshal(raw, &m) == nil && m != nil
 }
