@@ -21,11 +21,7 @@ import (
 func TestPruneKeepsTheRetention(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testenv.Postgres(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := testPool(t)
 	now := time.Now()
 	const old, recent = 12_000, 3 // more old rows than one batch
 	if _, err := pool.Exec(ctx, `
@@ -57,11 +53,7 @@ func TestPruneKeepsTheRetention(t *testing.T) {
 func TestRefusedOutcomeIsNotKept(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testenv.Postgres(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool := testPool(t)
 	rdb := testenv.Redis(t)
 	s := history.New(pool, slog.New(slog.DiscardHandler), time.Minute)
 	key := "t:" + t.Name() + ":outbox"
@@ -76,4 +68,15 @@ func TestRefusedOutcomeIsNotKept(t *testing.T) {
 	if n, err := s.Backlog(ctx); err != nil || n != 0 || dropped != 1 {
 		t.Fatalf("backlog %d (%v), dropped %d: want the refused outcome dropped, not kept", n, err, dropped)
 	}
+}
+
+// testPool is a pool on the test's own migrated database.
+func testPool(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), testenv.Postgres(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }

@@ -66,31 +66,13 @@ func testPostgresDownAtStart(t *testing.T) {
 	}
 	cancel()
 	whileDown := f.readyzWhile(ctx, nil) // one look, under load
-	if err := f.sys.startPostgres(ctx); err != nil {
-		t.Fatalf("starting PostgreSQL: %v", err)
-	}
-	up := time.Now()
-	back, backAt, rerr := awaitReadyz(ctx, f.client, f.sys.apiURL, pgReadyBackWithin, readiness.healthy)
-	cut := f.wait(ctx)
-	f.verify(verifyCtx(t))
-	hist := f.awaitHistory(ctx, up, pgHistoryWithin)
-
-	res, more := f.result(t.Name(), nil)
-	problems = append(problems, more...)
-	res.RecoveryWhat = "postgres back→/readyz healthy"
-	if rerr != nil {
-		problems = append(problems, fmt.Sprintf("/readyz after PostgreSQL came back: %v; want HTTP 200 "+
-			`{"ready": true, "checks": {"postgres": "ok", "redis": "ok"}} without "degraded"`, rerr))
-	} else {
-		res.Recovery = []time.Duration{backAt.Sub(up)}
-	}
+	b := f.postgresBack(t)
+	up, back, hist, res := b.up, b.back, b.hist, b.res
+	problems = append(problems, b.problems...)
 	problems = append(problems, whileDown.problems()...)
 	problems = append(problems, hist.problems()...)
 	res.Notes = fmt.Sprintf("pg_started_at=+%.1fs completed_before_pg_started=%d readyz_at_start=%q readyz_back=%q %s",
 		up.Sub(f.began).Seconds(), f.completedBefore(up), atStart.String(), back.String(), hist)
-	if cut != nil {
-		problems = append(problems, fmt.Sprintf("the load was cut: %v", cut))
-	}
 	finish(t, f, res, problems)
 }
 
@@ -125,32 +107,52 @@ func testPostgresStopped(t *testing.T) {
 	octx, cancel := context.WithTimeout(ctx, outage)
 	during := f.readyzWhile(octx, func(at time.Time) bool { return at.Sub(down) < pgDegradedGrace })
 	cancel()
-	if err := f.sys.startPostgres(ctx); err != nil {
-		t.Fatalf("starting PostgreSQL: %v", err)
-	}
-	up := time.Now()
-	back, backAt, rerr := awaitReadyz(ctx, f.client, f.sys.apiURL, pgReadyBackWithin, readiness.healthy)
-	cut := f.wait(ctx)
-	f.verify(verifyCtx(t))
-	hist := f.awaitHistory(ctx, up, pgHistoryWithin)
-
-	res, more := f.result(t.Name(), nil)
-	problems = append(problems, more...)
-	res.RecoveryWhat = "postgres back→/readyz healthy"
-	if rerr != nil {
-		problems = append(problems, fmt.Sprintf("/readyz after PostgreSQL came back: %v; want HTTP 200 "+
-			`{"ready": true, "checks": {"postgres": "ok", "redis": "ok"}} without "degraded"`, rerr))
-	} else {
-		res.Recovery = []time.Duration{backAt.Sub(up)}
-	}
+	b := f.postgresBack(t)
+	up, back, hist, res := b.up, b.back, b.hist, b.res
+	problems = append(problems, b.problems...)
 	problems = append(problems, during.problems()...)
 	problems = append(problems, hist.problems()...)
 	res.Notes = fmt.Sprintf("outage=+%.1fs..+%.1fs completed_during_outage=%d readyz_during_outage={%s} readyz_back=%q %s",
 		down.Sub(f.began).Seconds(), up.Sub(f.began).Seconds(), f.completedBetween(down, up), during, back.String(), hist)
-	if cut != nil {
-		problems = append(problems, fmt.Sprintf("the load was cut: %v", cut))
-	}
 	finish(t, f, res, problems)
+}
+
+// pgBack is what followed PostgreSQL's return.
+type pgBack struct {
+	up       time.Time // when it was started again
+	back     readiness // /readyz once healthy, or its last answer
+	hist     historyCheck
+	res      FaultResult // recovery: PostgreSQL back → /readyz healthy
+	problems []string
+}
+
+// postgresBack starts PostgreSQL again, then waits for /readyz to be
+// healthy, the load to end and the history rows to be written, and
+// verifies the load.
+func (f *faultRun) postgresBack(t *testing.T) pgBack {
+	t.Helper()
+	ctx := t.Context()
+	if err := f.sys.startPostgres(ctx); err != nil {
+		t.Fatalf("starting PostgreSQL: %v", err)
+	}
+	b := pgBack{up: time.Now()}
+	back, backAt, rerr := awaitReadyz(ctx, f.client, f.sys.apiURL, pgReadyBackWithin, readiness.healthy)
+	b.back = back
+	cut := f.wait(ctx)
+	f.verify(verifyCtx(t))
+	b.hist = f.awaitHistory(ctx, b.up, pgHistoryWithin)
+	b.res, b.problems = f.result(t.Name(), nil)
+	b.res.RecoveryWhat = "postgres back→/readyz healthy"
+	if rerr != nil {
+		b.problems = append(b.problems, fmt.Sprintf("/readyz after PostgreSQL came back: %v; want HTTP 200 "+
+			`{"ready": true, "checks": {"postgres": "ok", "redis": "ok"}} without "degraded"`, rerr))
+	} else {
+		b.res.Recovery = []time.Duration{backAt.Sub(b.up)}
+	}
+	if cut != nil {
+		b.problems = append(b.problems, fmt.Sprintf("the load was cut: %v", cut))
+	}
+	return b
 }
 
 // readyzSeen is what /readyz answered while PostgreSQL was away.

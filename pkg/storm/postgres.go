@@ -211,36 +211,6 @@ func historyStatuses(ctx context.Context, dsn string, ids []string) (map[string]
 	return out, nil
 }
 
-// startProcessAttr is startProcess with the child's attributes given: the
-// PostgreSQL programs run as user postgres when the tests run as root.
-func startProcessAttr(name, dir, path string, args, env []string, attr *syscall.SysProcAttr,
-	onExit func(name string, err error)) (*process, error) {
-	logPath := filepath.Join(dir, name+".log")
-	f, err := os.Create(logPath)
-	if err != nil {
-		return nil, fmt.Errorf("storm: %s: log file: %w", name, err)
-	}
-	cmd := exec.Command(path, args...)
-	cmd.Dir = dir
-	cmd.Env = env
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = attr
-	if err := cmd.Start(); err != nil {
-		_ = f.Close()
-		return nil, fmt.Errorf("storm: start %s: %w", name, err)
-	}
-	p := &process{name: name, logPath: logPath, cmd: cmd, log: f, done: make(chan struct{})}
-	go func() {
-		p.exitErr = cmd.Wait()
-		_ = f.Close()
-		close(p.done)
-		if !p.stopping.Load() && onExit != nil {
-			onExit(name, p.exitErr)
-		}
-	}()
-	return p, nil
-}
-
 // errNoPostgresUser is returned as root when there is no user postgres
 // to run the server as.
 var errNoPostgresUser = errors.New("storm: running as root, and PostgreSQL refuses to: no user postgres to run it as")

@@ -40,6 +40,13 @@ type process struct {
 // onExit is called (in its own goroutine) if the process exits before
 // stop was called.
 func startProcess(name, dir, path string, args, env []string, onExit func(name string, err error)) (*process, error) {
+	return startProcessAttr(name, dir, path, args, env, sysProcAttr(), onExit)
+}
+
+// startProcessAttr is startProcess with the child's attributes given: the
+// PostgreSQL programs run as user postgres when the tests run as root.
+func startProcessAttr(name, dir, path string, args, env []string, attr *syscall.SysProcAttr,
+	onExit func(name string, err error)) (*process, error) {
 	logPath := filepath.Join(dir, name+".log")
 	f, err := os.Create(logPath)
 	if err != nil {
@@ -49,7 +56,7 @@ func startProcess(name, dir, path string, args, env []string, onExit func(name s
 	cmd.Dir = dir
 	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = f, f
-	cmd.SysProcAttr = sysProcAttr()
+	cmd.SysProcAttr = attr
 	if err := cmd.Start(); err != nil {
 		_ = f.Close()
 		return nil, fmt.Errorf("storm: start %s: %w", name, err)
