@@ -71,6 +71,26 @@ func hasNUL(v any) bool {
 	return nulIn(doc)
 }
 
+// nulField names the part of req that holds a NUL (hasNUL(req) is true).
+func nulField(req llm.Request) string {
+	if strings.ContainsRune(req.System, 0) {
+		return "system"
+	}
+	for i, m := range req.Messages {
+		for k, b := range m.Content {
+			if hasNUL(b) {
+				return fmt.Sprintf("messages[%d].content[%d]", i, k)
+			}
+		}
+	}
+	for i, tool := range req.Tools {
+		if hasNUL(tool) {
+			return fmt.Sprintf("tools[%d]", i)
+		}
+	}
+	return "request" // stop sequences, tool choice
+}
+
 func nulIn(v any) bool {
 	switch x := v.(type) {
 	case string:
@@ -97,8 +117,8 @@ func (in *Intake) build(t Tenant, s Submission) (*job.Job, error) {
 		return nil, invalid("messages", "at least one message is required")
 	}
 	chars := len(req.System)
-	if strings.ContainsRune(req.System, 0) {
-		return nil, nul("system")
+	if hasNUL(req) { // one encoding of the request; nulField names where
+		return nil, nul(nulField(req))
 	}
 	for i, m := range req.Messages {
 		if m.Role != llm.RoleUser && m.Role != llm.RoleAssistant {
@@ -114,21 +134,10 @@ func (in *Intake) build(t Tenant, s Submission) (*job.Job, error) {
 			default:
 				return nil, invalid(fmt.Sprintf("messages[%d].content[%d].type", i, k), "must be text, tool_use or tool_result, not %q", b.Type)
 			}
-			if hasNUL(b) {
-				return nil, nul(fmt.Sprintf("messages[%d].content[%d]", i, k))
-			}
-		}
-	}
-	for i, tool := range req.Tools {
-		if hasNUL(tool) {
-			return nil, nul(fmt.Sprintf("tools[%d]", i))
 		}
 	}
 	if err := checkToolUse(req); err != nil {
 		return nil, err
-	}
-	if hasNUL(req) { // stop sequences, tool choice, anything else
-		return nil, nul("request")
 	}
 	if req.Messages[len(req.Messages)-1].Role != llm.RoleUser {
 		return nil, invalid("messages", "the last message must come from the user")

@@ -85,8 +85,12 @@ end
 if KEYS[3] ~= "" then redis.call("SET", KEYS[3], ARGV[5], "EX", ARGV[6]) end
 redis.call("HSET", KEYS[1], "job", ARGV[1], "status", ARGV[2], "state", "{}")
 redis.call("ZADD", KEYS[4], ARGV[8], ARGV[5])
-redis.call("ZADD", KEYS[5], ARGV[8], ARGV[5])
-redis.call("EXPIRE", KEYS[5], ARGV[6])
+if limit > 0 then
+  -- Only a limited tenant's set is kept: nothing would prune an unlimited
+  -- one's.
+  redis.call("ZADD", KEYS[5], ARGV[8], ARGV[5])
+  redis.call("EXPIRE", KEYS[5], ARGV[6])
+end
 redis.call("EXPIRE", KEYS[1], ARGV[6])
 local sid = redis.call("XADD", KEYS[2], "MAXLEN", "~", ARGV[7], "*", "e", ARGV[3])
 redis.call("EXPIRE", KEYS[2], ARGV[6])
