@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"bulwark/pkg/embed"
+	"bulwark/pkg/job"
 	"bulwark/pkg/testenv"
 )
 
@@ -651,7 +652,7 @@ func BenchmarkLookup(b *testing.B) {
 					t0 := time.Now()
 					hit, err := c.Lookup(ctx, benchKey(d.rows[i].scope, d.rows[i].prompt), nil)
 					lat = append(lat, time.Since(t0))
-					if err != nil || hit.Kind != KindExact || hit.ID != d.rows[i].id {
+					if err != nil || hit.Kind != job.CachedExact || hit.ID != d.rows[i].id {
 						b.Fatalf("exact lookup of row %d: %+v %v", d.rows[i].id, hit, err)
 					}
 				}
@@ -672,7 +673,7 @@ func BenchmarkLookup(b *testing.B) {
 						if err != nil {
 							b.Fatal(err)
 						}
-						if hit.Kind == KindSemantic {
+						if hit.Kind == job.CachedSemantic {
 							hits++
 							if hit.ID == q.want {
 								found++
@@ -736,7 +737,7 @@ func BenchmarkLookup(b *testing.B) {
 						t0 := time.Now()
 						hit, err := c.Lookup(ctx, k, v)
 						lat = append(lat, time.Since(t0))
-						if err != nil || hit.Kind != KindNone {
+						if err != nil || hit.Kind != job.CachedNone {
 							b.Fatalf("empty scope: %+v %v", hit, err)
 						}
 					}

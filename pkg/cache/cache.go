@@ -19,6 +19,7 @@ import (
 	"github.com/pgvector/pgvector-go"
 
 	"bulwark/pkg/embed"
+	"bulwark/pkg/job"
 )
 
 // ErrUnavailable is wrapped by every error caused by the database or the
@@ -33,23 +34,12 @@ const hnswMaxDims = 2000
 // no single statement holds locks or builds WAL for long.
 const purgeBatch = 5000
 
-// Kind is the kind of a lookup's outcome. Its values are the ones the
-// requests.cached column records.
-type Kind string
-
-const (
-	// KindNone is a miss (or a bypass after an error).
-	KindNone Kind = "none"
-	// KindExact is a hit on the same normalised prompt in the same scope.
-	KindExact Kind = "exact"
-	// KindSemantic is a hit on a similar prompt in the same scope.
-	KindSemantic Kind = "semantic"
-)
-
 // Hit is the outcome of a Lookup.
 type Hit struct {
-	// Kind is none, exact or semantic.
-	Kind Kind
+	// Kind is job.CachedNone (a miss, or a bypass after an error),
+	// job.CachedExact (the same normalised prompt in the same scope) or
+	// job.CachedSemantic (a similar prompt in the same scope).
+	Kind job.Cached
 	// Similarity is the cosine similarity of the stored prompt to the
 	// asked one: 1 for exact hits, 0 for misses.
 	Similarity float64
@@ -335,12 +325,12 @@ func (c *Cache) checkKey(k Key) (layer string, err error) {
 }
 
 // LookupExact is Lookup's first step alone: the entry stored under k's
-// exact scope and prompt, or a KindNone hit. One indexed query, no
+// exact scope and prompt, or a job.CachedNone hit. One indexed query, no
 // embedding: for a caller that only needs an identical request's answer.
 func (c *Cache) LookupExact(ctx context.Context, k Key) (Hit, error) {
 	layer, err := c.checkKey(k)
 	if err != nil {
-		return Hit{Kind: KindNone}, err
+		return Hit{Kind: job.CachedNone}, err
 	}
 	prompt := Normalise(k.Prompt)
 	hit, _, err := c.exact(ctx, scope(k, layer, *c.cfg.TenantIsolation), prompt)
@@ -349,7 +339,7 @@ func (c *Cache) LookupExact(ctx context.Context, k Key) (Hit, error) {
 
 // exact looks up the entry of scope sc and prompt; ok reports a hit.
 func (c *Cache) exact(ctx context.Context, sc, prompt string) (hit Hit, ok bool, err error) {
-	hit = Hit{Kind: KindExact, Similarity: 1}
+	hit = Hit{Kind: job.CachedExact, Similarity: 1}
 	var ageSec float64
 	qctx, cancel := context.WithTimeout(ctx, c.cfg.QueryTimeout)
 	err = c.pool.QueryRow(qctx, c.sqlExact, sc, PromptHash(prompt)).Scan(&hit.ID, &hit.Response, &ageSec)
@@ -361,11 +351,11 @@ func (c *Cache) exact(ctx context.Context, sc, prompt string) (hit Hit, ok bool,
 		c.recordHit(hit.ID)
 		return hit, true, nil
 	case errors.Is(err, pgx.ErrNoRows):
-		return Hit{Kind: KindNone}, false, nil
+		return Hit{Kind: job.CachedNone}, false, nil
 	}
 	err = fmt.Errorf("cache: lookup exact: %w: %w", ErrUnavailable, err)
 	c.fail(ctx, err)
-	return Hit{Kind: KindNone}, false, err
+	return Hit{Kind: job.CachedNone}, false, err
 }
 
 // Lookup finds a stored answer for k: first an exact match of the
@@ -377,10 +367,10 @@ func (c *Cache) exact(ctx context.Context, sc, prompt string) (hit Hit, ok bool,
 //
 // On a hit its hit count and last-hit time are recorded (written in the
 // background; see Start). A failure of the database or embedder returns a
-// KindNone hit and an error wrapping ErrUnavailable: the caller bypasses
+// job.CachedNone hit and an error wrapping ErrUnavailable: the caller bypasses
 // the cache. Other errors (a bad key or vector) are the caller's.
 func (c *Cache) Lookup(ctx context.Context, k Key, emb []float32) (Hit, error) {
-	miss := Hit{Kind: KindNone}
+	miss := Hit{Kind: job.CachedNone}
 	layer, err := c.checkKey(k)
 	if err != nil {
 		return miss, err
@@ -439,7 +429,7 @@ func (c *Cache) Lookup(ctx context.Context, k Key, emb []float32) (Hit, error) {
 			}
 			c.semHits.Add(1)
 			c.recordHit(cd.id)
-			return Hit{Kind: KindSemantic, Similarity: cd.sim, Age: cd.age, Response: cd.response, ID: cd.id, Embedding: emb}, nil
+			return Hit{Kind: job.CachedSemantic, Similarity: cd.sim, Age: cd.age, Response: cd.response, ID: cd.id, Embedding: emb}, nil
 		}
 		// A second round only helps when the first came from the HNSW
 		// branch (one row) and the guard refused that row.

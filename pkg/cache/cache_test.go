@@ -22,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 
 	"bulwark/pkg/embed"
+	"bulwark/pkg/job"
 	"bulwark/pkg/testenv"
 )
 
@@ -156,7 +157,7 @@ func TestExactHit(t *testing.T) {
 	k := key("  " + strings.ReplaceAll(diagPrompt, " ", "   \n") + "\t")
 	hit, err := b.cache.Lookup(ctx, k, nil)
 	require.NoError(t, err)
-	require.Equal(t, KindExact, hit.Kind)
+	require.Equal(t, job.CachedExact, hit.Kind)
 	require.Equal(t, 1.0, hit.Similarity)
 	require.JSONEq(t, string(answer), string(hit.Response))
 	require.NotZero(t, hit.ID)
@@ -167,7 +168,7 @@ func TestExactHit(t *testing.T) {
 	k.Layer = ""
 	hit, err = b.cache.Lookup(ctx, k, nil)
 	require.NoError(t, err)
-	require.Equal(t, KindExact, hit.Kind)
+	require.Equal(t, job.CachedExact, hit.Kind)
 
 	s := b.cache.Stats()
 	require.Equal(t, int64(2), s.ExactHits)
@@ -188,16 +189,16 @@ func TestLookupExactOnly(t *testing.T) {
 	require.NoError(t, b.cache.Store(ctx, key(diagPrompt), nil, answer))
 	hit, err := b.cache.LookupExact(ctx, key(diagPrompt))
 	require.NoError(t, err)
-	require.Equal(t, KindExact, hit.Kind)
+	require.Equal(t, job.CachedExact, hit.Kind)
 	require.JSONEq(t, string(answer), string(hit.Response))
 
 	variant := vinTimeVariant(diagPrompt)
 	hit, err = b.cache.LookupExact(ctx, key(variant))
 	require.NoError(t, err)
-	require.Equal(t, KindNone, hit.Kind)
+	require.Equal(t, job.CachedNone, hit.Kind)
 	hit, err = b.cache.Lookup(ctx, key(variant), nil)
 	require.NoError(t, err)
-	require.Equal(t, KindSemantic, hit.Kind, "the variant is a semantic hit, so the exact miss above is the point")
+	require.Equal(t, job.CachedSemantic, hit.Kind, "the variant is a semantic hit, so the exact miss above is the point")
 }
 
 func TestSemanticHitVINAndTimestamp(t *testing.T) {
@@ -217,7 +218,7 @@ func TestSemanticHitVINAndTimestamp(t *testing.T) {
 
 	hit, err := b.cache.Lookup(ctx, key(variant), e2)
 	require.NoError(t, err)
-	require.Equal(t, KindSemantic, hit.Kind)
+	require.Equal(t, job.CachedSemantic, hit.Kind)
 	require.InDelta(t, sim, hit.Similarity, 1e-4)
 	require.JSONEq(t, string(answer), string(hit.Response))
 
@@ -225,7 +226,7 @@ func TestSemanticHitVINAndTimestamp(t *testing.T) {
 	hit2, err := b.cache.Lookup(ctx, key(variant), nil)
 	require.NoError(t, err)
 	require.Equal(t, hit.ID, hit2.ID)
-	require.Equal(t, KindSemantic, hit2.Kind)
+	require.Equal(t, job.CachedSemantic, hit2.Kind)
 }
 
 func TestThreshold(t *testing.T) {
@@ -238,20 +239,20 @@ func TestThreshold(t *testing.T) {
 
 	tests := []struct {
 		sim  float64
-		want Kind
+		want job.Cached
 	}{
-		{0.999, KindSemantic},
-		{0.96, KindSemantic},
-		{0.94, KindNone},
-		{0.5, KindNone},
-		{-0.9, KindNone},
+		{0.999, job.CachedSemantic},
+		{0.96, job.CachedSemantic},
+		{0.94, job.CachedNone},
+		{0.5, job.CachedNone},
+		{-0.9, job.CachedNone},
 	}
 	for _, tt := range tests {
 		q := withCosine(r, base, tt.sim)
 		hit, err := b.cache.Lookup(ctx, key("another prompt"), q)
 		require.NoError(t, err)
 		require.Equal(t, tt.want, hit.Kind, "similarity %v", tt.sim)
-		if tt.want == KindSemantic {
+		if tt.want == job.CachedSemantic {
 			require.InDelta(t, tt.sim, hit.Similarity, 1e-4)
 		} else {
 			require.Zero(t, hit.ID)
@@ -279,13 +280,13 @@ func TestScopesAreSeparate(t *testing.T) {
 			k.Prompt = p
 			hit, err := b.cache.Lookup(ctx, k, nil)
 			require.NoError(t, err)
-			require.Equal(t, KindNone, hit.Kind, "another %s must never hit", name)
+			require.Equal(t, job.CachedNone, hit.Kind, "another %s must never hit", name)
 		}
 	}
 	// The same near-duplicate in its own scope does hit.
 	hit, err := b.cache.Lookup(ctx, key(near), nil)
 	require.NoError(t, err)
-	require.Equal(t, KindSemantic, hit.Kind)
+	require.Equal(t, job.CachedSemantic, hit.Kind)
 }
 
 func TestTenantIsolationOff(t *testing.T) {
@@ -298,7 +299,7 @@ func TestTenantIsolationOff(t *testing.T) {
 	k.Tenant = "t2"
 	hit, err := b.cache.Lookup(ctx, k, nil)
 	require.NoError(t, err)
-	require.Equal(t, KindExact, hit.Kind, "isolation off: tenants share answers")
+	require.Equal(t, job.CachedExact, hit.Kind, "isolation off: tenants share answers")
 }
 
 func TestExpiredNeverHits(t *testing.T) {
@@ -311,13 +312,13 @@ func TestExpiredNeverHits(t *testing.T) {
 	for _, p := range []string{diagPrompt, vinTimeVariant(diagPrompt)} {
 		hit, err := b.cache.Lookup(ctx, key(p), nil)
 		require.NoError(t, err)
-		require.Equal(t, KindNone, hit.Kind)
+		require.Equal(t, job.CachedNone, hit.Kind)
 	}
 	// Storing again replaces the expired row (same scope and prompt hash).
 	require.NoError(t, b.cache.Store(ctx, key(diagPrompt), nil, answer))
 	hit, err := b.cache.Lookup(ctx, key(diagPrompt), nil)
 	require.NoError(t, err)
-	require.Equal(t, KindExact, hit.Kind)
+	require.Equal(t, job.CachedExact, hit.Kind)
 }
 
 func TestTTLByLayer(t *testing.T) {
@@ -365,7 +366,7 @@ func TestDTCGuard(t *testing.T) {
 	for _, emb := range [][]float32{e2, nil} {
 		hit, err := b.cache.Lookup(ctx, key(other), emb)
 		require.NoError(t, err)
-		require.Equal(t, KindNone, hit.Kind, "a different DTC must never hit")
+		require.Equal(t, job.CachedNone, hit.Kind, "a different DTC must never hit")
 	}
 	// The lookup filters on the entities in SQL, so the other DTC's row is
 	// never even a candidate for the guard's re-check.
@@ -378,7 +379,7 @@ func TestDTCGuard(t *testing.T) {
 	require.NoError(t, b.cache.Store(ctx, k1, u, answer))
 	hit, err := b.cache.Lookup(ctx, k2, withCosine(r, u, 0.999))
 	require.NoError(t, err)
-	require.Equal(t, KindNone, hit.Kind)
+	require.Equal(t, job.CachedNone, hit.Kind)
 }
 
 func TestGuardTakesBestPassingCandidate(t *testing.T) {
@@ -405,7 +406,7 @@ func testGuardTakesBestPassingCandidate(t *testing.T, cfg Config) {
 
 	hit, err := b.cache.Lookup(ctx, key("battery fault P0A80 after OTA"), q)
 	require.NoError(t, err)
-	require.Equal(t, KindSemantic, hit.Kind)
+	require.Equal(t, job.CachedSemantic, hit.Kind)
 	require.JSONEq(t, `"right"`, string(hit.Response))
 	require.InDelta(t, 0.97, hit.Similarity, 1e-4)
 	// The closer row with the other code is filtered out in SQL.
@@ -432,12 +433,12 @@ func TestInvalidateCase(t *testing.T) {
 	for _, p := range []string{k1.Prompt, vinTimeVariant(k1.Prompt), k2.Prompt} {
 		hit, err := b.cache.Lookup(ctx, key(p), nil)
 		require.NoError(t, err)
-		require.Equal(t, KindNone, hit.Kind, "no stale hit after case invalidation")
+		require.Equal(t, job.CachedNone, hit.Kind, "no stale hit after case invalidation")
 	}
 	for _, k := range []Key{k3, k4} {
 		hit, err := b.cache.Lookup(ctx, k, nil)
 		require.NoError(t, err)
-		require.Equal(t, KindExact, hit.Kind)
+		require.Equal(t, job.CachedExact, hit.Kind)
 	}
 	// Tenant "" is any tenant.
 	n, err = b.cache.InvalidateCase(ctx, "", "case-1")
@@ -465,7 +466,7 @@ func TestInvalidateNamespace(t *testing.T) {
 			k.Prompt = vinTimeVariant(diagPrompt) // semantic path too
 			hit, err := b.cache.Lookup(ctx, k, nil)
 			require.NoError(t, err)
-			if hit.Kind != KindNone {
+			if hit.Kind != job.CachedNone {
 				n++
 			}
 		}
@@ -513,7 +514,7 @@ func TestPurgeExpired(t *testing.T) {
 	for _, p := range []string{"a prompt", "b prompt"} {
 		hit, err := b.cache.Lookup(ctx, key(p), nil)
 		require.NoError(t, err)
-		require.Equal(t, KindNone, hit.Kind)
+		require.Equal(t, job.CachedNone, hit.Kind)
 	}
 	n, err = b.cache.PurgeExpired(ctx)
 	require.NoError(t, err)
@@ -530,7 +531,7 @@ func TestHitCounts(t *testing.T) {
 	for _, p := range []string{diagPrompt, diagPrompt, vinTimeVariant(diagPrompt)} {
 		hit, err := b.cache.Lookup(ctx, key(p), nil)
 		require.NoError(t, err)
-		require.NotEqual(t, KindNone, hit.Kind)
+		require.NotEqual(t, job.CachedNone, hit.Kind)
 		id = hit.ID
 	}
 	after := time.Now()
@@ -647,14 +648,14 @@ func TestFailOpen(t *testing.T) {
 	require.NoError(t, c.Store(ctx, key(diagPrompt), nil, answer))
 	hit, err := c.Lookup(ctx, key(diagPrompt), nil)
 	require.NoError(t, err)
-	require.Equal(t, KindExact, hit.Kind)
+	require.Equal(t, job.CachedExact, hit.Kind)
 
 	px.Close() // PostgreSQL gone: live connections cut, port closed
 
 	for range 3 {
 		hit, err := c.Lookup(ctx, key(diagPrompt), nil)
 		require.ErrorIs(t, err, ErrUnavailable)
-		require.Equal(t, Hit{Kind: KindNone}, hit)
+		require.Equal(t, Hit{Kind: job.CachedNone}, hit)
 	}
 	require.ErrorIs(t, c.Store(ctx, key(diagPrompt), nil, answer), ErrUnavailable)
 	require.ErrorIs(t, c.FlushHits(ctx), ErrUnavailable, "the hit before the outage cannot be written")
@@ -750,13 +751,13 @@ func TestEmbeddingChecks(t *testing.T) {
 	require.NoError(t, b.cache.Store(ctx, key(" "), nil, answer))
 	hit, err := b.cache.Lookup(ctx, key(""), nil)
 	require.NoError(t, err)
-	require.Equal(t, KindExact, hit.Kind)
+	require.Equal(t, job.CachedExact, hit.Kind)
 	hit, err = b.cache.Lookup(ctx, key("\t"), make([]float32, 384))
 	require.NoError(t, err)
-	require.Equal(t, KindExact, hit.Kind)
+	require.Equal(t, job.CachedExact, hit.Kind)
 	hit, err = b.cache.Lookup(ctx, key("blank-ish"), make([]float32, 384))
 	require.NoError(t, err)
-	require.Equal(t, KindNone, hit.Kind)
+	require.Equal(t, job.CachedNone, hit.Kind)
 }
 
 func TestConcurrentLookups(t *testing.T) {
@@ -770,7 +771,7 @@ func TestConcurrentLookups(t *testing.T) {
 		wg.Go(func() {
 			for range 10 {
 				hit, err := b.cache.Lookup(ctx, key(vinTimeVariant(diagPrompt)), nil)
-				if err != nil || hit.Kind != KindSemantic {
+				if err != nil || hit.Kind != job.CachedSemantic {
 					t.Errorf("lookup: %v %v", hit.Kind, err)
 				}
 			}
@@ -804,12 +805,12 @@ func TestContextSeparatesSystemPrompts(t *testing.T) {
 	require.NoError(t, b.cache.Store(ctx, k1, nil, answer))
 	hit, err := b.cache.Lookup(ctx, k2, nil)
 	require.NoError(t, err)
-	require.Equal(t, KindNone, hit.Kind)
+	require.Equal(t, job.CachedNone, hit.Kind)
 	hit, err = b.cache.Lookup(ctx, k1, nil)
 	require.NoError(t, err)
-	require.Equal(t, KindExact, hit.Kind)
+	require.Equal(t, job.CachedExact, hit.Kind)
 	k1.Context = "You are the synthesizer."
 	hit, err = b.cache.Lookup(ctx, k1, nil)
 	require.NoError(t, err)
-	require.Equal(t, KindNone, hit.Kind, "another system prompt is another scope")
+	require.Equal(t, job.CachedNone, hit.Kind, "another system prompt is another scope")
 }

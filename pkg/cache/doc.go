@@ -12,6 +12,14 @@
 // Normalise gives exact hits, its embedding gives semantic hits. Keep long
 // shared text out of Prompt: it swamps the similarity (see Key.Context).
 //
+// For a Bulwark request, KeyOf builds the Key (the last turn is the
+// question; system prompt, tools, earlier turns and sampling parameters
+// are its context), Ref names its exact entry (also the identity under
+// which pkg/coalesce joins identical requests in flight), AnswerFor and
+// ExactAnswerFor find its Answer, and StoreAnswer keeps a completed one.
+// Found.Kind is a job.Cached, the one vocabulary of where an answer came
+// from.
+//
 // # Lookup
 //
 //  1. Exact: (scope, prompt_hash) on the unique index, live rows only.
@@ -95,8 +103,8 @@
 // # Failure
 //
 // The cache fails open. Every error from the database or the embedder
-// wraps ErrUnavailable, Lookup then returns a KindNone hit, and the caller
-// goes on without the cache. Failures are counted (Stats.Errors) and
+// wraps ErrUnavailable, Lookup then returns a job.CachedNone hit, and the
+// caller goes on without the cache. Failures are counted (Stats.Errors) and
 // logged at most once per Config.FailLogInterval. Each statement has its
 // own deadline (Config.QueryTimeout).
 //

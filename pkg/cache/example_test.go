@@ -11,6 +11,7 @@ import (
 
 	"bulwark/pkg/cache"
 	"bulwark/pkg/embed"
+	"bulwark/pkg/job"
 )
 
 // The API's layer 1: look up, and on a miss call the provider and store
@@ -53,7 +54,7 @@ func Example() {
 	if err != nil && !errors.Is(err, cache.ErrUnavailable) {
 		panic(err) // a bad key: the caller's bug
 	}
-	if hit.Kind != cache.KindNone {
+	if hit.Kind != job.CachedNone {
 		_ = hit.Response // answer at 0 tokens
 		return
 	}

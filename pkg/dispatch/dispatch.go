@@ -97,7 +97,8 @@ type Finisher interface {
 // request completed, so whoever sees the completion also finds the answer
 // cached.
 type Cache interface {
-	Store(ctx context.Context, rec *job.Record) error
+	// StoreAnswer keeps a completed request's answer (pkg/cache).
+	StoreAnswer(ctx context.Context, rec *job.Record) error
 }
 
 // Alerter receives alert-worthy conditions (a key disabled for quota).
@@ -510,10 +511,10 @@ func (d *Dispatcher) complete(ctx context.Context, rec *job.Record, out outcome,
 	st.ServedRoute = &out.route
 	st.KeyID = out.keyID
 	st.Result = out.resp
-	st.Cached = "none"
+	st.Cached = job.CachedNone
 	rec.State = st
 	if d.cache != nil {
-		if err := d.cache.Store(context.WithoutCancel(ctx), rec); err != nil {
+		if err := d.cache.StoreAnswer(context.WithoutCancel(ctx), rec); err != nil {
 			log.Warn("dispatch: cache store", "err", err)
 		}
 	}

@@ -8,9 +8,10 @@
 //     lexical, not semantic: it scores near-duplicates (prompts that differ
 //     in a VIN, a timestamp or a few words) very high, and paraphrases that
 //     use different words low. See NewLocal.
-//   - OpenAI-compatible: any server that speaks POST {BaseURL}/embeddings in
-//     OpenAI's wire format (OpenAI, Ollama, vLLM, Hugging Face TEI). See
-//     NewOpenAI.
+//   - OpenAI-compatible: any server that speaks POST /v1/embeddings in
+//     OpenAI's wire format (OpenAI, Ollama, vLLM, Hugging Face TEI), sent,
+//     classified and redacted exactly as the OpenAI chat adapter sends its
+//     calls (pkg/provider, pkg/provider/openai). See NewOpenAI.
 //
 // An Embedder's Name identifies the model and the dimension together: the
 // cache keeps one vector index per name and never compares vectors of two

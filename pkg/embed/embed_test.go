@@ -16,6 +16,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"bulwark/pkg/llm"
+	"bulwark/pkg/mockprovider"
+	"bulwark/pkg/provider"
+	"bulwark/pkg/provider/openai"
 	"bulwark/pkg/secret"
 )
 
@@ -258,23 +262,25 @@ func TestOpenAIErrors(t *testing.T) {
 	t.Parallel()
 	const key = "sk-secret-abcdef"
 	tests := []struct {
-		name    string
-		f       *fakeEmbeddings
-		dims    int
-		wantIs  error
-		wantMsg string
+		name      string
+		f         *fakeEmbeddings
+		dims      int
+		wantClass llm.Class // "" for an error that is no *llm.Error
+		wantCode  string
+		wantMsg   string
 	}{
 		{
 			name: "401 echoing the key",
 			f: &fakeEmbeddings{dims: 4, status: 401, errBody: `{"error":{"message":"Incorrect API key provided: ` + key +
 				`. You can find your API key at https://platform.openai.com/account/api-keys.","type":"invalid_request_error","param":null,"code":"invalid_api_key"}}`},
-			dims: 4, wantIs: ErrStatus, wantMsg: "status 401 (invalid_request_error/invalid_api_key)",
+			dims: 4, wantClass: llm.ClassAuth, wantCode: "invalid_api_key",
+			wantMsg: "auth (HTTP 401 invalid_api_key): Incorrect API key provided: [redacted]",
 		},
 		{
-			name:   "429 plain text",
-			f:      &fakeEmbeddings{dims: 4, status: 429, errBody: strings.Repeat("slow down ", 100)},
-			dims:   4,
-			wantIs: ErrStatus, wantMsg: "status 429: slow down",
+			name:      "429 plain text",
+			f:         &fakeEmbeddings{dims: 4, status: 429, errBody: strings.Repeat("slow down ", 100)},
+			dims:      4,
+			wantClass: llm.ClassRateLimited, wantMsg: "rate_limited (HTTP 429): slow down",
 		},
 		{name: "wrong length", f: &fakeEmbeddings{dims: 5}, dims: 4, wantMsg: "length 5, configured Dims is 4"},
 	}
@@ -287,16 +293,25 @@ func TestOpenAIErrors(t *testing.T) {
 			require.NoError(t, err)
 			_, err = e.Embed(context.Background(), []string{"x"})
 			require.Error(t, err)
-			if tt.wantIs != nil {
-				require.ErrorIs(t, err, tt.wantIs)
-				var se *StatusError
-				require.ErrorAs(t, err, &se)
-				require.Equal(t, tt.f.status, se.StatusCode)
-				require.LessOrEqual(t, len(se.Message), maxErrorMessage+len("…"))
+			var pe *llm.Error
+			if tt.wantClass != "" {
+				require.ErrorAs(t, err, &pe)
+				require.Equal(t, tt.wantClass, pe.Class)
+				require.Equal(t, tt.f.status, pe.Status)
+				require.Equal(t, tt.wantCode, pe.Code)
+				require.Equal(t, llm.ProviderOpenAI, pe.Provider)
+				require.LessOrEqual(t, len(pe.Message), provider.MaxMessageLen)
+			} else {
+				_, classified := llm.ClassOf(err)
+				require.False(t, classified, "a malformed 200 of the right shape is no provider failure: %v", err)
 			}
+			require.ErrorContains(t, err, "embed: openai: ")
 			require.ErrorContains(t, err, tt.wantMsg)
 			require.NotContains(t, err.Error(), key)
 			require.NotContains(t, fmt.Sprintf("%+v %#v", err, err), key)
+			if pe != nil {
+				require.NotContains(t, fmt.Sprintf("%#v", *pe), key)
+			}
 		})
 	}
 }
@@ -312,12 +327,28 @@ func TestOpenAITimeout(t *testing.T) {
 	}))
 	defer srv.Close()
 	defer close(release)
+
+	// Its own Timeout is the chat adapter's per-call timeout: transient,
+	// and not the caller's context.DeadlineExceeded.
 	e, err := NewOpenAI(OpenAIConfig{BaseURL: srv.URL + "/v1", Model: "m", Dims: 4, Timeout: 50 * time.Millisecond})
 	require.NoError(t, err)
 	_, err = e.Embed(context.Background(), []string{"x"})
-	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.ErrorContains(t, err, "embed: openai: POST embeddings")
-	require.False(t, errors.Is(err, ErrStatus))
+	require.ErrorContains(t, err, "no answer within 50ms")
+	class, ok := llm.ClassOf(err)
+	require.True(t, ok)
+	require.Equal(t, llm.ClassTransient, class)
+	require.False(t, errors.Is(err, context.DeadlineExceeded))
+
+	// The caller's deadline stays the caller's: unclassified.
+	e, err = NewOpenAI(OpenAIConfig{BaseURL: srv.URL + "/v1", Model: "m", Dims: 4, Timeout: time.Minute})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, err = e.Embed(ctx, []string{"x"})
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	_, ok = llm.ClassOf(err)
+	require.False(t, ok)
 }
 
 // The embedder never follows a redirect: it would carry the key to
@@ -336,4 +367,194 @@ func TestOpenAIFollowsNoRedirect(t *testing.T) {
 	_, err = e.Embed(context.Background(), []string{"x"})
 	require.Error(t, err)
 	require.Zero(t, elsewhere.Load(), "the redirect was followed")
+}
+
+// startMock serves the mock provider over real HTTP.
+func startMock(t *testing.T, cfg mockprovider.Config) (*mockprovider.Server, string) {
+	t.Helper()
+	m, err := mockprovider.New(cfg)
+	require.NoError(t, err)
+	srv := httptest.NewServer(m)
+	t.Cleanup(srv.Close)
+	t.Cleanup(m.Close) // runs first
+	return m, srv.URL
+}
+
+func TestOpenAIAgainstMockProvider(t *testing.T) {
+	t.Parallel()
+	_, base := startMock(t, mockprovider.Config{EmbeddingDims: 32})
+	e, err := NewOpenAI(OpenAIConfig{BaseURL: base, Model: "text-embedding-3-small", Dims: 32, APIKey: secret.New("sk-mock-1")})
+	require.NoError(t, err)
+	texts := []string{"brake warning after OTA update", "", "battery voltage low"}
+	vecs, err := e.Embed(t.Context(), texts)
+	require.NoError(t, err)
+	require.Len(t, vecs, 3)
+	require.Equal(t, mockprovider.Embed(texts[0], 32), vecs[0])
+	require.Equal(t, mockprovider.Embed(" ", 32), vecs[1], "an empty text is sent as a space")
+	require.Equal(t, mockprovider.Embed(texts[2], 32), vecs[2])
+}
+
+// chatRequest is the smallest request the chat adapter sends.
+func chatRequest() *llm.Request {
+	return &llm.Request{
+		Model:     "gpt-4o-mini",
+		MaxTokens: 16,
+		Messages:  []llm.Message{{Role: llm.RoleUser, Content: []llm.Block{{Type: llm.BlockText, Text: "hi"}}}},
+	}
+}
+
+// The same failure of the provider is the same *llm.Error, from the
+// embeddings endpoint through the embedder and from the chat endpoint
+// through the chat adapter: one transport, one classification, one
+// redaction.
+func TestOpenAIClassifiedLikeChatAdapter(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name      string
+		fault     *mockprovider.Fault // nil: no fault
+		noKey     bool
+		wantClass llm.Class
+		wantCode  string
+		wantRetry time.Duration
+	}{
+		{name: "429 rate limit", fault: &mockprovider.Fault{Mode: mockprovider.FaultRateLimit, RetryAfter: 1500 * time.Millisecond,
+			Message: "Rate limit reached for key KEY (Bearer KEY)"},
+			wantClass: llm.ClassRateLimited, wantCode: "rate_limit_exceeded", wantRetry: 1500 * time.Millisecond},
+		{name: "429 insufficient quota", fault: &mockprovider.Fault{Mode: mockprovider.FaultInsufficientQuota},
+			wantClass: llm.ClassQuota, wantCode: "insufficient_quota"},
+		{name: "500 server error", fault: &mockprovider.Fault{Mode: mockprovider.FaultServerError, RetryAfter: 2 * time.Second,
+			Message: "upstream failed for key KEY (Bearer KEY)"},
+			wantClass: llm.ClassTransient, wantCode: "server_error", wantRetry: 2 * time.Second},
+		{name: "503 overloaded", fault: &mockprovider.Fault{Mode: mockprovider.FaultOverloaded},
+			wantClass: llm.ClassOverloaded, wantCode: "server_error"},
+		{name: "400 invalid request", fault: &mockprovider.Fault{Mode: mockprovider.FaultInvalidRequest},
+			wantClass: llm.ClassPermanent, wantCode: "invalid_request_error"},
+		{name: "401 missing key", noKey: true, wantClass: llm.ClassAuth, wantCode: "invalid_request_error"},
+	}
+	m, base := startMock(t, mockprovider.Config{EmbeddingDims: 8})
+	for i, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			key := secret.New(fmt.Sprintf("sk-proj-Classify%02dZx9Qw8Er7Ty6Ui5Op4", i))
+			if tt.noKey {
+				key = secret.String{}
+			}
+			if tt.fault != nil {
+				f := *tt.fault
+				f.Provider = "openai"
+				f.KeyFingerprint = mockprovider.Fingerprint(key.Reveal())
+				f.Count = 2 // one embeddings call, one chat call
+				// The provider quotes the key back: neither error may.
+				f.Message = strings.ReplaceAll(f.Message, "KEY", key.Reveal())
+				require.NoError(t, m.SetFault(f))
+			}
+
+			e, err := NewOpenAI(OpenAIConfig{BaseURL: base, Model: "m", Dims: 8, APIKey: key})
+			require.NoError(t, err)
+			_, embedErr := e.Embed(t.Context(), []string{"x"})
+			_, chatErr := openai.New(openai.Config{BaseURL: base}, nil).Complete(t.Context(), key, chatRequest())
+
+			var got, want *llm.Error
+			require.ErrorAs(t, embedErr, &got)
+			require.ErrorAs(t, chatErr, &want)
+			require.Equal(t, tt.wantClass, want.Class, "the chat adapter's class: %v", chatErr)
+			require.Equal(t, tt.wantCode, want.Code)
+			require.Equal(t, tt.wantRetry, want.RetryAfter)
+			for name, pair := range map[string][2]any{
+				"class":       {want.Class, got.Class},
+				"status":      {want.Status, got.Status},
+				"code":        {want.Code, got.Code},
+				"provider":    {want.Provider, got.Provider},
+				"retry-after": {want.RetryAfter, got.RetryAfter},
+				"message":     {want.Message, got.Message},
+			} {
+				require.Equal(t, pair[0], pair[1], "%s: embedder %v, chat adapter %v", name, embedErr, chatErr)
+			}
+			if k := key.Reveal(); k != "" {
+				for _, s := range []string{embedErr.Error(), fmt.Sprintf("%+v", embedErr), fmt.Sprintf("%#v", *got)} {
+					require.NotContains(t, s, k)
+				}
+				if tt.fault != nil && tt.fault.Message != "" {
+					require.Contains(t, got.Message, "for key "+provider.Redacted+" (Bearer "+provider.Redacted+")")
+				}
+			}
+		})
+	}
+}
+
+// A key no header can carry is the chat adapter's auth error, and is not
+// sent.
+func TestOpenAIBadKeyHeader(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { calls.Add(1) }))
+	defer srv.Close()
+	key := secret.New("sk-pasted-with-newline-0123456789\n")
+	e, err := NewOpenAI(OpenAIConfig{BaseURL: srv.URL, Model: "m", Dims: 4, APIKey: key})
+	require.NoError(t, err)
+	_, err = e.Embed(t.Context(), []string{"x"})
+	class, ok := llm.ClassOf(err)
+	require.True(t, ok)
+	require.Equal(t, llm.ClassAuth, class)
+	require.NotContains(t, err.Error(), strings.TrimSpace(key.Reveal()))
+	require.Zero(t, calls.Load())
+}
+
+// BaseURL follows the chat adapter's convention (provider.Endpoint): with
+// or without "/v1", with a gateway's prefix; the default is the adapter's.
+func TestOpenAIBaseURL(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, openai.BaseURLDefault, OpenAIBaseURLDefault)
+	e, err := NewOpenAI(OpenAIConfig{})
+	require.NoError(t, err)
+	require.Equal(t, "https://api.openai.com/v1/embeddings", e.url)
+
+	paths := make(chan string, 1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		paths <- r.URL.Path
+		http.Error(w, "stop here", http.StatusTeapot)
+	}))
+	defer srv.Close()
+	for _, tt := range []struct{ base, path string }{
+		{srv.URL, "/v1/embeddings"},
+		{srv.URL + "/", "/v1/embeddings"},
+		{srv.URL + "/v1", "/v1/embeddings"}, // the old convention keeps its meaning
+		{srv.URL + "/v1/", "/v1/embeddings"},
+		{srv.URL + "/gw/openai", "/gw/openai/v1/embeddings"},
+		{srv.URL + "/gw/openai/v1", "/gw/openai/v1/embeddings"},
+	} {
+		e, err := NewOpenAI(OpenAIConfig{BaseURL: tt.base, Model: "m", Dims: 4})
+		require.NoError(t, err)
+		_, err = e.Embed(t.Context(), []string{"x"})
+		require.Error(t, err)
+		require.Equal(t, tt.path, <-paths, "base %s", tt.base)
+		// And the chat adapter reads the same base the same way.
+		_, _ = openai.New(openai.Config{BaseURL: tt.base}, nil).Complete(context.Background(), secret.New("k"), chatRequest())
+		require.Equal(t, strings.Replace(tt.path, "/embeddings", "/chat/completions", 1), <-paths, "chat, base %s", tt.base)
+	}
+
+	for _, bad := range []string{"localhost:11434", "http://host/v1?key=sk-in-query-123", "ftp://host", "/v1"} {
+		_, err := NewOpenAI(OpenAIConfig{BaseURL: bad})
+		require.ErrorContains(t, err, "OpenAIConfig.BaseURL")
+		require.NotContains(t, err.Error(), "sk-in-query", "the URL is not quoted")
+	}
+}
+
+// A 2xx that is no embeddings answer (a proxy's page) is transient, as in
+// the chat adapter.
+func TestOpenAIUnreadableAnswer(t *testing.T) {
+	t.Parallel()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "<html>login at https://proxy.internal:8443/?token=sk-leaky-0123456789abcdef</html>")
+	}))
+	defer srv.Close()
+	e, err := NewOpenAI(OpenAIConfig{BaseURL: srv.URL, Model: "m", Dims: 4, APIKey: secret.New("sk-leaky-0123456789abcdef")})
+	require.NoError(t, err)
+	_, err = e.Embed(t.Context(), []string{"x"})
+	var pe *llm.Error
+	require.ErrorAs(t, err, &pe)
+	require.Equal(t, llm.ClassTransient, pe.Class)
+	require.Equal(t, http.StatusOK, pe.Status)
+	require.ErrorContains(t, err, "decode response")
+	require.NotContains(t, err.Error(), "sk-leaky")
 }

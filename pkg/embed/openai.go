@@ -1,25 +1,25 @@
 package embed
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"math"
 	"net/http"
-	"strings"
 	"time"
-	"unicode/utf8"
 
+	"bulwark/pkg/llm"
 	"bulwark/pkg/provider"
+	"bulwark/pkg/provider/openai"
 	"bulwark/pkg/secret"
 )
 
 // Defaults of OpenAIConfig.
 const (
-	OpenAIBaseURLDefault   = "https://api.openai.com/v1"
+	// OpenAIBaseURLDefault is the OpenAI chat adapter's default base URL:
+	// one convention for both (see OpenAIConfig.BaseURL).
+	OpenAIBaseURLDefault   = openai.BaseURLDefault
 	OpenAIModelDefault     = "text-embedding-3-small"
 	OpenAIDimsDefault      = 1536 // text-embedding-3-small's native length
 	OpenAITimeoutDefault   = 10 * time.Second
@@ -28,20 +28,29 @@ const (
 	OpenAIBatchSizeMax = 2048
 )
 
-// maxErrorBody bounds how much of an error response is read and how much of
-// its message is quoted in an error.
-const (
-	maxErrorBody    = 64 << 10
-	maxErrorMessage = 200
-	maxResponseBody = 256 << 20
-)
+// embeddingsPath is the Embeddings endpoint, joined to BaseURL with
+// provider.Endpoint as the chat adapter joins its own.
+const embeddingsPath = "/v1/embeddings"
+
+// maxResponseBody bounds a response: a batch of float vectors in JSON is
+// far larger than a chat answer (provider.MaxResponseBytes).
+const maxResponseBody = 256 << 20
 
 // OpenAIConfig configures an OpenAI-compatible embeddings client.
 type OpenAIConfig struct {
-	// BaseURL is the API root including the version path; the client POSTs
-	// to BaseURL + "/embeddings". Default OpenAIBaseURLDefault. Examples:
-	// Ollama "http://127.0.0.1:11434/v1", vLLM "http://host:8000/v1",
-	// TEI "http://host:8080/v1".
+	// BaseURL is the API's base URL, read as the OpenAI chat adapter reads
+	// its own (pkg/provider/openai, provider.Endpoint): the client POSTs to
+	// BaseURL + "/v1/embeddings", and a trailing "/v1" is not repeated, so
+	// "https://api.openai.com" and "https://api.openai.com/v1" both work. It
+	// may carry a gateway's path prefix ("https://gw.internal/openai").
+	// Default OpenAIBaseURLDefault. Examples, each with or without "/v1":
+	// Ollama "http://127.0.0.1:11434", vLLM "http://host:8000", TEI
+	// "http://host:8080".
+	//
+	// Earlier versions appended only "/embeddings", so the base had to end
+	// in the version path: such a base ending in "/v1" keeps its meaning,
+	// while one ending in another path ("…/v1beta/openai") now gets
+	// "/v1/embeddings" appended too.
 	BaseURL string `yaml:"base_url"`
 	// Model is the embedding model. Default OpenAIModelDefault.
 	Model string `yaml:"model"`
@@ -56,13 +65,16 @@ type OpenAIConfig struct {
 	// APIKey is sent as "Authorization: Bearer <key>" when set. Optional:
 	// local servers usually need none.
 	APIKey secret.String `yaml:"api_key"`
-	// Timeout bounds one HTTP request. Default OpenAITimeoutDefault (10 s).
+	// Timeout bounds one HTTP request, reading the answer included. Default
+	// OpenAITimeoutDefault (10 s). Running out is a transient *llm.Error,
+	// as in the chat adapter (provider.Post).
 	Timeout time.Duration `yaml:"timeout"`
 	// BatchSize is the most texts sent in one request; Embed splits larger
 	// calls. Default OpenAIBatchSizeDefault (128), at most 2048.
 	BatchSize int `yaml:"batch_size"`
-	// HTTPClient is the client used; nil means a new http.Client. Its own
-	// Timeout, if any, applies on top of Timeout.
+	// HTTPClient is the client used; nil means http.DefaultClient's
+	// Transport. Redirects are never followed (provider.NoRedirects). Its
+	// own Timeout, if any, applies on top of Timeout.
 	HTTPClient *http.Client `yaml:"-"`
 }
 
@@ -70,7 +82,6 @@ func (c *OpenAIConfig) withDefaults() {
 	if c.BaseURL == "" {
 		c.BaseURL = OpenAIBaseURLDefault
 	}
-	c.BaseURL = strings.TrimRight(c.BaseURL, "/")
 	if c.Model == "" {
 		c.Model = OpenAIModelDefault
 		if c.Dims == 0 {
@@ -89,9 +100,9 @@ func (c *OpenAIConfig) withDefaults() {
 }
 
 func (c *OpenAIConfig) validate() error {
-	if !strings.HasPrefix(c.BaseURL, "http://") && !strings.HasPrefix(c.BaseURL, "https://") {
+	if provider.ValidateBaseURL("BaseURL", c.BaseURL) != nil {
 		// The URL is not quoted: it may carry a secret.
-		return fmt.Errorf("embed: OpenAIConfig.BaseURL: want an http:// or https:// URL")
+		return errors.New("embed: OpenAIConfig.BaseURL: want an absolute http:// or https:// URL without query or fragment")
 	}
 	if c.Dims < 1 || c.Dims > DimsMax {
 		return fmt.Errorf("embed: OpenAIConfig.Dims %d: want 1..%d (required unless Model is the default)", c.Dims, DimsMax)
@@ -106,8 +117,16 @@ func (c *OpenAIConfig) validate() error {
 }
 
 // OpenAI is a client of an OpenAI-compatible embeddings endpoint. It is safe
-// for concurrent use. It does not retry: the cache fails open, so a slow or
-// failing embedder only costs a cache miss.
+// for concurrent use.
+//
+// Its HTTP is the OpenAI chat adapter's: one provider.Post per batch, and an
+// answer other than 2xx classified by openai.ErrorOf, so a failure is an
+// *llm.Error of the class the chat adapter gives the same answer (429
+// rate_limited or quota, 401/403 auth, 5xx transient or overloaded, …)
+// with the key and anything key-shaped redacted (provider.Redact). A
+// connection failure or Timeout is a transient *llm.Error; the caller's
+// context ending is an error wrapping ctx.Err(). It does not retry: the
+// cache fails open, so a slow or failing embedder only costs a cache miss.
 type OpenAI struct {
 	cfg OpenAIConfig
 	url string
@@ -119,7 +138,7 @@ func NewOpenAI(cfg OpenAIConfig) (*OpenAI, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	return &OpenAI{cfg: cfg, url: cfg.BaseURL + "/embeddings"}, nil
+	return &OpenAI{cfg: cfg, url: provider.Endpoint(cfg.BaseURL, embeddingsPath)}, nil
 }
 
 // Name returns "openai-<model>-<dims>": the model and length, not the host,
@@ -141,14 +160,6 @@ type embeddingsResponse struct {
 		Index     int       `json:"index"`
 		Embedding []float32 `json:"embedding"`
 	} `json:"data"`
-}
-
-type errorResponse struct {
-	Error struct {
-		Message string `json:"message"`
-		Type    string `json:"type"`
-		Code    any    `json:"code"`
-	} `json:"error"`
 }
 
 // Embed returns one vector per text, in order, splitting the texts into
@@ -184,31 +195,9 @@ func (o *OpenAI) embedBatch(ctx context.Context, texts []string) ([][]float32, e
 		return nil, fmt.Errorf("embed: openai: encode request: %w", err)
 	}
 
-	ctx, cancel := context.WithTimeout(ctx, o.cfg.Timeout)
-	defer cancel()
-	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, o.url, bytes.NewReader(body))
+	er, err := o.post(ctx, body)
 	if err != nil {
-		return nil, fmt.Errorf("embed: openai: build request: %w", err)
-	}
-	hreq.Header.Set("Content-Type", "application/json")
-	hreq.Header.Set("Accept", "application/json")
-	if !o.cfg.APIKey.IsZero() {
-		hreq.Header.Set("Authorization", "Bearer "+o.cfg.APIKey.Reveal())
-	}
-	resp, err := o.cfg.HTTPClient.Do(hreq)
-	if err != nil {
-		// *url.Error quotes the URL, which carries no key (the key is a
-		// header); the cause is kept for errors.Is (e.g. DeadlineExceeded).
 		return nil, fmt.Errorf("embed: openai: POST embeddings: %w", err)
-	}
-	defer resp.Body.Close()
-
-	if resp.StatusCode != http.StatusOK {
-		return nil, o.statusError(resp)
-	}
-	var er embeddingsResponse
-	if err := json.NewDecoder(io.LimitReader(resp.Body, maxResponseBody)).Decode(&er); err != nil {
-		return nil, fmt.Errorf("embed: openai: decode response: %w", err)
 	}
 	if len(er.Data) != len(texts) {
 		return nil, fmt.Errorf("embed: openai: %d embeddings for %d inputs", len(er.Data), len(texts))
@@ -231,67 +220,43 @@ func (o *OpenAI) embedBatch(ctx context.Context, texts []string) ([][]float32, e
 	return out, nil
 }
 
-// ErrStatus is wrapped by errors for non-200 answers; use errors.As with
-// *StatusError for the details.
-var ErrStatus = errors.New("embeddings endpoint answered an error")
-
-// StatusError is a non-200 answer of the embeddings endpoint.
-type StatusError struct {
-	// StatusCode is the HTTP status.
-	StatusCode int
-	// Type and Code are the OpenAI error's type and code, when given.
-	Type, Code string
-	// Message is the server's message, truncated, with the API key removed
-	// should the server have echoed it.
-	Message string
-}
-
-func (e *StatusError) Error() string {
-	s := fmt.Sprintf("status %d", e.StatusCode)
-	if e.Type != "" || e.Code != "" {
-		s += fmt.Sprintf(" (%s/%s)", e.Type, e.Code)
-	}
-	if e.Message != "" {
-		s += ": " + e.Message
-	}
-	return s
-}
-
-// Unwrap makes errors.Is(err, ErrStatus) true.
-func (e *StatusError) Unwrap() error { return ErrStatus }
-
-func (o *OpenAI) statusError(resp *http.Response) error {
-	se := &StatusError{StatusCode: resp.StatusCode}
-	raw, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
-	var er errorResponse
-	if json.Unmarshal(raw, &er) == nil && er.Error.Message != "" {
-		se.Type = er.Error.Type
-		if er.Error.Code != nil {
-			se.Code = fmt.Sprint(er.Error.Code)
+// post sends one request body the way the chat adapter sends its own
+// (provider.Post, then openai.ErrorOf for an answer other than 2xx) and
+// decodes the answer.
+func (o *OpenAI) post(ctx context.Context, body []byte) (*embeddingsResponse, error) {
+	h := http.Header{}
+	h.Set("User-Agent", provider.UserAgent)
+	if key := o.cfg.APIKey.Reveal(); key != "" {
+		if provider.BadHeaderValue(key) {
+			// As the chat adapter: a bad key, not a connection failure.
+			return nil, &llm.Error{Class: llm.ClassAuth, Provider: llm.ProviderOpenAI, Message: "the key contains characters a header cannot carry"}
 		}
-		se.Message = er.Error.Message
-	} else {
-		se.Message = string(raw)
+		h.Set("Authorization", "Bearer "+key)
 	}
-	se.Message = o.scrub(se.Message)
-	se.Type = o.scrub(se.Type)
-	se.Code = o.scrub(se.Code)
-	return fmt.Errorf("embed: openai: POST embeddings: %w", se)
-}
-
-// scrub removes the API key from server text and truncates it to a valid
-// UTF-8 prefix of at most maxErrorMessage bytes.
-func (o *OpenAI) scrub(s string) string {
-	if k := o.cfg.APIKey.Reveal(); k != "" {
-		s = strings.ReplaceAll(s, k, "[redacted]")
+	reply, err := provider.Post(ctx, o.cfg.HTTPClient, provider.Call{
+		Provider:         llm.ProviderOpenAI,
+		URL:              o.url,
+		Header:           h,
+		Body:             body,
+		Timeout:          o.cfg.Timeout,
+		MaxResponseBytes: maxResponseBody,
+	})
+	if err != nil {
+		return nil, err
 	}
-	s = strings.TrimSpace(s)
-	if len(s) > maxErrorMessage {
-		cut := maxErrorMessage
-		for cut > 0 && !utf8.RuneStart(s[cut]) {
-			cut--
+	if reply.Status < 200 || reply.Status > 299 {
+		return nil, openai.ErrorOf(reply, o.cfg.APIKey, time.Now())
+	}
+	var er embeddingsResponse
+	if err := json.Unmarshal(reply.Body, &er); err != nil {
+		// As in the chat adapter: a 2xx we cannot read is most likely a
+		// proxy's page or a cut-off answer; another attempt may fare better.
+		return nil, &llm.Error{
+			Class:    llm.ClassTransient,
+			Provider: llm.ProviderOpenAI,
+			Status:   reply.Status,
+			Message:  provider.Redact("decode response: "+err.Error(), o.cfg.APIKey),
 		}
-		s = s[:cut] + "…"
 	}
-	return s
+	return &er, nil
 }

@@ -202,7 +202,7 @@ func (f *Finisher) account(ctx context.Context, rec *job.Record) {
 	cost := 0.0
 	if rec.Status == job.StatusCompleted {
 		cached := metrics.CachedFalse
-		if st.Cached != "" && st.Cached != "none" {
+		if st.Cached.Shared() {
 			cached = metrics.CachedTrue
 		}
 		f.d.Metrics.RequestDuration.WithLabelValues(p, cached).Observe(time.Since(rec.Job.CreatedAt).Seconds())

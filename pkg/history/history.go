@@ -73,7 +73,7 @@ func (s *Store) failed(op string, err error) {
 const submitTimeout = 300 * time.Millisecond
 
 // Submitted records an accepted request. Failures are logged, not returned.
-func (s *Store) Submitted(ctx context.Context, j *job.Job, status job.Status, cached string) {
+func (s *Store) Submitted(ctx context.Context, j *job.Job, status job.Status, cached job.Cached) {
 	ctx, cancel := context.WithTimeout(ctx, submitTimeout)
 	defer cancel()
 	_, err := s.pool.Exec(ctx, `
@@ -125,10 +125,7 @@ func (s *Store) finished(ctx context.Context, rec *job.Record, costUSD float64) 
 	if !st.FinishedAt.IsZero() {
 		finished = &st.FinishedAt
 	}
-	cached := st.Cached
-	if cached == "" {
-		cached = "none"
-	}
+	cached := st.Cached.OrNone()
 	_, err := s.pool.Exec(ctx, `
 		INSERT INTO requests (id, tenant, priority, status, provider, model_tier, served_provider, served_tier, key_id,
 			attempts, cached, case_id, cache_layer, input_tokens, output_tokens, cost_usd, created_at, started_at,
@@ -175,7 +172,7 @@ type Row struct {
 	Status      job.Status
 	Route       llm.Route
 	ServedRoute *llm.Route
-	Cached      string
+	Cached      job.Cached
 	Error       string
 	Response    *llm.Response
 	CreatedAt   time.Time

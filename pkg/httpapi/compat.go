@@ -163,7 +163,7 @@ func (s *Server) compat(c *gin.Context, d dialect) {
 		return
 	}
 	if a.CoalescedInto != "" && rec.Job.ID != a.ID {
-		rec.State.Cached = "coalesced"
+		rec.State.Cached = job.CachedCoalesced
 	}
 	s.compatAnswer(c, d, rec, model, streaming, opts)
 }
@@ -279,11 +279,7 @@ func (s *Server) compatAnswer(c *gin.Context, d dialect, rec *job.Record, model 
 		c.Header("X-Bulwark-Provider", string(st.ServedRoute.Provider))
 		c.Header("X-Bulwark-Model-Tier", st.ServedRoute.Tier)
 	}
-	cached := st.Cached
-	if cached == "" {
-		cached = "none"
-	}
-	c.Header("X-Bulwark-Cache", cached)
+	c.Header("X-Bulwark-Cache", string(st.Cached.OrNone()))
 	resp := *st.Result
 	resp.ID = d.idPrefix + rec.Job.ID
 	if streaming {

@@ -281,7 +281,7 @@ func (s *Server) get(c *gin.Context) {
 	v := view{ID: own.Job.ID, Status: rec.Status, Priority: own.Job.Priority, CreatedAt: own.Job.CreatedAt,
 		Attempts: rec.State.Attempts, Result: job.ResultOf(rec.State), Error: rec.Reason}
 	if own != rec && v.Result != nil {
-		v.Result.Cached = "coalesced"
+		v.Result.Cached = job.CachedCoalesced
 	}
 	if own.Status == job.StatusCancelled {
 		v.Status, v.Error, v.Result = own.Status, own.Reason, nil

@@ -24,7 +24,6 @@ import (
 	"bulwark/pkg/job"
 	"bulwark/pkg/keypool"
 	"bulwark/pkg/llm"
-	"bulwark/pkg/priority"
 	"bulwark/pkg/progress"
 	"bulwark/pkg/queue"
 	"bulwark/pkg/secret"
@@ -40,7 +39,6 @@ type Jobs interface {
 // Queue is what the API needs of the queues.
 type Queue interface {
 	SpotOf(ctx context.Context, id string) (queue.Spot, error)
-	Cancel(ctx context.Context, id string, p priority.Priority) (bool, error)
 }
 
 // History reads requests whose live record expired.

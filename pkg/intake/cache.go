@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"bulwark/pkg/cache"
 	"bulwark/pkg/finish"
 	"bulwark/pkg/job"
 	"bulwark/pkg/metrics"
@@ -21,16 +22,17 @@ func (in *Intake) fromCache(ctx context.Context, j *job.Job, s Submission) (*Acc
 		in.metrics.CacheLookups.WithLabelValues(layer, metrics.CacheResultBypass).Inc()
 		return nil, false
 	}
-	hit, err := in.cache.Lookup(ctx, j)
+	hit, err := in.cache.AnswerFor(ctx, j)
 	if err != nil {
 		in.metrics.CacheLookups.WithLabelValues(layer, metrics.CacheResultError).Inc()
-		return nil, false // fail open: the cache logs and counts its own outage
+		in.metrics.CacheUnavailable.Inc()
+		return nil, false // fail open: the cache logs its own outage
 	}
-	if hit.Kind != "exact" && hit.Kind != "semantic" {
+	if !hit.Kind.FromCache() {
 		in.metrics.CacheLookups.WithLabelValues(layer, metrics.CacheResultMiss).Inc()
 		return nil, false
 	}
-	in.metrics.CacheLookups.WithLabelValues(layer, hit.Kind).Inc()
+	in.metrics.CacheLookups.WithLabelValues(layer, string(hit.Kind)).Inc()
 	id, created, err := in.jobs.Create(ctx, j, job.Event{Type: job.EventQueued}, s.IdempotencyKey, 0) // answered at once: no share taken
 	if err != nil {
 		return nil, false
@@ -44,13 +46,13 @@ func (in *Intake) fromCache(ctx context.Context, j *job.Job, s Submission) (*Acc
 }
 
 // completeFromHit ends the stored job j with the cache's answer.
-func (in *Intake) completeFromHit(ctx context.Context, j *job.Job, hit Hit) (*Accepted, error) {
+func (in *Intake) completeFromHit(ctx context.Context, j *job.Job, hit cache.Found) (*Accepted, error) {
 	now := time.Now()
-	route := hit.Route
+	route := hit.Answer.Route
 	if route.Provider == "" {
 		route = j.Route
 	}
-	st := job.State{Cached: hit.Kind, Similarity: hit.Similarity, CacheAge: hit.Age, Result: hit.Response,
+	st := job.State{Cached: hit.Kind, Similarity: hit.Similarity, CacheAge: hit.Age, Result: hit.Answer.Response,
 		ServedRoute: &route, StartedAt: now, FinishedAt: now}
 	rec := &job.Record{Job: *j, Status: job.StatusQueued}
 	if err := in.finisher.Finish(ctx, rec, finish.Completed(st)); err != nil {
@@ -69,15 +71,18 @@ func (in *Intake) answeredMeanwhile(ctx context.Context, j *job.Job) (*Accepted,
 	if in.cache == nil || !in.cfg.CacheEnabled || j.CacheKey == "" || !j.CacheRead || in.coalescer == nil {
 		return nil, false
 	}
-	hit, err := in.cache.LookupExact(ctx, j)
-	if err != nil || hit.Kind != "exact" {
+	hit, err := in.cache.ExactAnswerFor(ctx, j)
+	if err != nil {
+		in.metrics.CacheUnavailable.Inc()
+	}
+	if err != nil || hit.Kind != job.CachedExact {
 		return nil, false
 	}
 	a, err := in.completeFromHit(ctx, j, hit)
 	if err != nil {
 		return nil, false
 	}
-	in.metrics.CacheLookups.WithLabelValues(j.Layer, hit.Kind).Inc()
+	in.metrics.CacheLookups.WithLabelValues(j.Layer, string(hit.Kind)).Inc()
 	if err := in.coalescer.Release(ctx, j.CacheKey, j.ID); err != nil {
 		in.logger.Warn("intake: release coalescing claim", "request_id", j.ID, "err", err)
 	}
@@ -103,23 +108,23 @@ func (in *Intake) coalesce(ctx context.Context, j *job.Job, s Submission) (*Acce
 	switch {
 	case lrec.Status == job.StatusCompleted && lrec.State.Result != nil:
 		st := lrec.State
-		st.Cached, st.CoalescedInto = "coalesced", leader
+		st.Cached, st.CoalescedInto = job.CachedCoalesced, leader
 		st.KeyID, st.StartedAt, st.FinishedAt = "", time.Now(), time.Time{}
 		if err := in.finisher.Finish(ctx, &job.Record{Job: *j, Status: job.StatusQueued}, finish.Completed(st)); err != nil {
 			return nil, false, err
 		}
 		in.metrics.Coalesced.Inc()
-		return &Accepted{ID: j.ID, Status: job.StatusCompleted, Priority: j.Priority, Cached: "coalesced", Result: job.ResultOf(st)}, true, nil
+		return &Accepted{ID: j.ID, Status: job.StatusCompleted, Priority: j.Priority, Cached: job.CachedCoalesced, Result: job.ResultOf(st)}, true, nil
 	case lrec.Status.Terminal():
 		return nil, false, nil // the leader failed or was cancelled: run our own
 	}
-	st := job.State{CoalescedInto: leader, Cached: "coalesced"}
+	st := job.State{CoalescedInto: leader, Cached: job.CachedCoalesced}
 	if _, err := in.jobs.Apply(ctx, j.ID, job.Change{State: &st}); err != nil {
 		return nil, false, err
 	}
 	in.metrics.Coalesced.Inc()
 	if in.history != nil {
-		in.history.Submitted(ctx, j, job.StatusQueued, "coalesced")
+		in.history.Submitted(ctx, j, job.StatusQueued, job.CachedCoalesced)
 	}
 	// The shared call runs at the most urgent priority of those waiting
 	// on it: a CRITICAL caller must not wait behind a LOW flood because a

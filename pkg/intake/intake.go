@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"bulwark/pkg/breaker"
+	"bulwark/pkg/cache"
 	"bulwark/pkg/finish"
 	"bulwark/pkg/job"
 	"bulwark/pkg/llm"
@@ -66,8 +67,9 @@ type Accepted struct {
 	// request is queued all the same and finishes after recovery.
 	Degraded   bool
 	RetryAfter time.Duration
-	// Cached answers (exact, semantic) complete at once.
-	Cached     string
+	// Cached answers (exact, semantic, coalesced with a leader that had
+	// just completed) complete at once.
+	Cached     job.Cached
 	Similarity float64
 	CacheAge   time.Duration
 	Result     *job.Result
@@ -111,26 +113,18 @@ type BreakerStatus interface {
 // History records submissions, and the end of requests the API ends
 // itself (cancellations).
 type History interface {
-	Submitted(ctx context.Context, j *job.Job, status job.Status, cached string)
+	Submitted(ctx context.Context, j *job.Job, status job.Status, cached job.Cached)
 	Finished(ctx context.Context, rec *job.Record, costUSD float64)
 }
 
-// Cache is layer 1 as intake sees it.
+// Cache is layer 1 as intake sees it (pkg/cache).
 type Cache interface {
-	// Key returns the coalescing/cache key of a job ("" = uncacheable).
-	Key(j *job.Job) string
-	Lookup(ctx context.Context, j *job.Job) (Hit, error)
-	// LookupExact finds only the entry of an identical request.
-	LookupExact(ctx context.Context, j *job.Job) (Hit, error)
-}
-
-// Hit is a cache answer.
-type Hit struct {
-	Kind       string // exact | semantic | none
-	Similarity float64
-	Age        time.Duration
-	Response   *llm.Response
-	Route      llm.Route
+	// Ref names a request's identity, for coalescing and the exact entry.
+	Ref(j *job.Job) string
+	// AnswerFor looks up j's answer, exactly then by similarity.
+	AnswerFor(ctx context.Context, j *job.Job) (cache.Found, error)
+	// ExactAnswerFor finds only the entry of an identical request.
+	ExactAnswerFor(ctx context.Context, j *job.Job) (cache.Found, error)
 }
 
 // Finisher ends requests (pkg/finish).
@@ -320,7 +314,7 @@ func (in *Intake) enqueue(ctx context.Context, j *job.Job, s Submission) (*Accep
 		return nil, err
 	}
 	if in.history != nil {
-		in.history.Submitted(ctx, j, job.StatusQueued, "none")
+		in.history.Submitted(ctx, j, job.StatusQueued, job.CachedNone)
 	}
 	a := &Accepted{ID: id, Status: job.StatusQueued, Priority: j.Priority}
 	in.position(ctx, a, s.Lang)

@@ -183,7 +183,7 @@ func (in *Intake) build(t Tenant, s Submission) (*job.Job, error) {
 		j.ToolResultsHash = ToolResultsHash(req)
 	}
 	if in.cache != nil && in.cfg.CacheEnabled {
-		j.CacheKey = in.cache.Key(j)
+		j.CacheKey = in.cache.Ref(j)
 	}
 	return j, nil
 }

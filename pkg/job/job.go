@@ -97,12 +97,42 @@ type Job struct {
 	Deadline time.Time `json:"deadline"`
 }
 
+// Cached says where a request's answer came from: its own provider call
+// (CachedNone), the semantic cache (CachedExact, CachedSemantic), or an
+// identical request in flight it joined (CachedCoalesced). The values are
+// those of the API's "cached" field, the X-Bulwark-Cache header, the
+// requests.cached column and the cache-lookup metric's result label.
+type Cached string
+
+// Where an answer came from.
+const (
+	CachedNone      Cached = "none"
+	CachedExact     Cached = "exact"
+	CachedSemantic  Cached = "semantic"
+	CachedCoalesced Cached = "coalesced"
+)
+
+// OrNone is c, or CachedNone for a request not answered yet ("").
+func (c Cached) OrNone() Cached {
+	if c == "" {
+		return CachedNone
+	}
+	return c
+}
+
+// FromCache reports whether the answer came from the semantic cache.
+func (c Cached) FromCache() bool { return c == CachedExact || c == CachedSemantic }
+
+// Shared reports whether the answer was not this request's own provider
+// call (a cache hit or a coalesced answer): it costs nothing.
+func (c Cached) Shared() bool { return c.OrNone() != CachedNone }
+
 // State is where a request stands. The worker owns it.
 type State struct {
 	Attempts    int           `json:"attempts"`
 	ServedRoute *llm.Route    `json:"served_route,omitempty"`
 	KeyID       string        `json:"key_id,omitempty"`
-	Cached      string        `json:"cached,omitempty"` // none|exact|semantic|coalesced
+	Cached      Cached        `json:"cached,omitempty"`
 	Similarity  float64       `json:"similarity,omitempty"`
 	CacheAge    time.Duration `json:"cache_age,omitempty"`
 	Result      *llm.Response `json:"result,omitempty"`
@@ -186,7 +216,7 @@ type Result struct {
 	Tier       string       `json:"model_tier"`
 	Model      string       `json:"model,omitempty"`
 	Usage      llm.Usage    `json:"usage"`
-	Cached     string       `json:"cached"`
+	Cached     Cached       `json:"cached"`
 	Similarity float64      `json:"similarity,omitempty"`
 	// CacheAgeSeconds is the age of the cache entry that answered.
 	CacheAgeSeconds float64 `json:"cache_age_seconds,omitempty"`
@@ -202,12 +232,9 @@ func ResultOf(st State) *Result {
 		StopReason:      string(st.Result.StopReason),
 		Model:           st.Result.Model,
 		Usage:           st.Result.Usage,
-		Cached:          st.Cached,
+		Cached:          st.Cached.OrNone(),
 		Similarity:      st.Similarity,
 		CacheAgeSeconds: st.CacheAge.Seconds(),
-	}
-	if r.Cached == "" {
-		r.Cached = "none"
 	}
 	for _, b := range st.Result.Content {
 		if b.Type != llm.BlockText {

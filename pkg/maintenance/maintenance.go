@@ -191,7 +191,7 @@ func (j *Jobs) evaluate(ctx context.Context, _ *asynq.Task) error {
 }
 
 func (j *Jobs) transition(ctx context.Context, subject string, down bool, fail, recover alert.Event) {
-	key := j.d.Prefix + "alerts:down"
+	key := downKey(j.d.Prefix)
 	if down {
 		if err := j.d.Notifier.Notify(ctx, fail); err != nil {
 			j.d.Logger.Warn("maintenance: alert", "subject", subject, "err", err)

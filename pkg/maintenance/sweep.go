@@ -99,7 +99,7 @@ func NewSweeper(d SweeperDeps) *Sweeper {
 	if d.Age == 0 {
 		d.Age = OrphanAgeDefault
 	}
-	return &Sweeper{d: d, lockKey: d.Prefix + "sweep:lock"}
+	return &Sweeper{d: d, lockKey: sweepLockKey(d.Prefix)}
 }
 
 // Start runs the sweep every interval until Stop or ctx ends.
@@ -227,7 +227,7 @@ func (s *Sweeper) follow(ctx context.Context, rec *job.Record) error {
 	switch {
 	case err == nil && leader.Status == job.StatusCompleted && leader.State.Result != nil:
 		st := leader.State
-		st.Cached, st.CoalescedInto, st.KeyID, st.FinishedAt = "coalesced", leader.Job.ID, "", time.Time{}
+		st.Cached, st.CoalescedInto, st.KeyID, st.FinishedAt = job.CachedCoalesced, leader.Job.ID, "", time.Time{}
 		return s.end(ctx, rec, finish.Completed(st))
 	case err == nil && leader.Status == job.StatusFailed && leader.SharedEnding():
 		return s.end(ctx, rec, finish.Failed(rec.State, leader.Code, leader.Reason))

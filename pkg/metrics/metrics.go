@@ -30,6 +30,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"bulwark/pkg/job"
 	"bulwark/pkg/llm"
 )
 
@@ -73,9 +74,9 @@ const (
 // Values of the result label of bulwark_cache_lookups_total.
 const (
 	// CacheResultExact: the exact (scope, prompt hash) row answered.
-	CacheResultExact = "exact"
+	CacheResultExact = string(job.CachedExact)
 	// CacheResultSemantic: a row above the similarity threshold answered.
-	CacheResultSemantic = "semantic"
+	CacheResultSemantic = string(job.CachedSemantic)
 	// CacheResultMiss: the cache was asked and had nothing.
 	CacheResultMiss = "miss"
 	// CacheResultBypass: the cache was not asked (the caller opted out, or

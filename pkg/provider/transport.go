@@ -14,9 +14,10 @@ import (
 	"bulwark/pkg/llm"
 )
 
-// MaxResponseBytes is the largest response body Post reads (32 MiB, the
-// size Anthropic allows for a request; no chat answer comes near it). A
-// longer body is an error, not a silent truncation.
+// MaxResponseBytes is the largest response body Post reads unless
+// Call.MaxResponseBytes says otherwise (32 MiB, the size Anthropic allows
+// for a request; no chat answer comes near it). A longer body is an error,
+// not a silent truncation.
 const MaxResponseBytes = 32 << 20
 
 // errCallTimeout is the cancel cause of Post's own per-call deadline, which
@@ -36,6 +37,10 @@ type Call struct {
 	// Timeout bounds the whole exchange, reading the body included. Zero
 	// means no deadline beyond the caller's context.
 	Timeout time.Duration
+	// MaxResponseBytes is the largest response body read; a longer one is
+	// a transient *llm.Error. Zero (or less) means MaxResponseBytes, which
+	// suits chat answers; a batch of embeddings may need more.
+	MaxResponseBytes int
 }
 
 // Reply is a provider's HTTP answer, whatever its status.
@@ -87,16 +92,20 @@ func Post(ctx context.Context, hc *http.Client, call Call) (*Reply, error) {
 		return nil, transportError(ctx, callCtx, call, "send request", err)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, MaxResponseBytes+1))
+	limit := call.MaxResponseBytes
+	if limit <= 0 {
+		limit = MaxResponseBytes
+	}
+	body, err := io.ReadAll(io.LimitReader(resp.Body, int64(limit)+1))
 	if err != nil {
 		return nil, transportError(ctx, callCtx, call, "read response", err)
 	}
-	if len(body) > MaxResponseBytes {
+	if len(body) > limit {
 		return nil, &llm.Error{
 			Class:    llm.ClassTransient,
 			Provider: call.Provider,
 			Status:   resp.StatusCode,
-			Message:  fmt.Sprintf("response body exceeds %d bytes", MaxResponseBytes),
+			Message:  fmt.Sprintf("response body exceeds %d bytes", limit),
 		}
 	}
 	return &Reply{Status: resp.StatusCode, Header: resp.Header, Body: body, Latency: time.Since(start)}, nil

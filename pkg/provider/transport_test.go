@@ -3,6 +3,7 @@ package provider
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -40,6 +41,43 @@ func TestPost(t *testing.T) {
 	// Any status is a reply: classifying it is the adapter's job.
 	if reply.Status != 429 || string(reply.Body) != "slow down" || reply.Header.Get("x-ratelimit-limit-requests") != "10" || reply.Latency <= 0 {
 		t.Errorf("reply %+v", reply)
+	}
+}
+
+// Call.MaxResponseBytes raises (or lowers) the body limit for one call; zero
+// keeps MaxResponseBytes.
+func TestPostMaxResponseBytes(t *testing.T) {
+	t.Parallel()
+	body := strings.Repeat("x", MaxResponseBytes+1)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, body)
+	}))
+	t.Cleanup(srv.Close)
+	for _, tt := range []struct {
+		limit   int
+		wantErr bool
+	}{
+		{0, true},
+		{-1, true},
+		{10, true},
+		{MaxResponseBytes + 1, false},
+	} {
+		reply, err := Post(t.Context(), srv.Client(), Call{Provider: llm.ProviderOpenAI, URL: srv.URL, MaxResponseBytes: tt.limit})
+		if !tt.wantErr {
+			if err != nil || len(reply.Body) != len(body) {
+				t.Errorf("limit %d: error %v", tt.limit, err)
+			}
+			continue
+		}
+		want := MaxResponseBytes
+		if tt.limit > 0 {
+			want = tt.limit
+		}
+		var pe *llm.Error
+		if !errors.As(err, &pe) || pe.Class != llm.ClassTransient || pe.Status != http.StatusOK ||
+			!strings.Contains(pe.Message, fmt.Sprintf("exceeds %d bytes", want)) {
+			t.Errorf("limit %d: error %v, want a transient *llm.Error naming %d bytes", tt.limit, err, want)
+		}
 	}
 }
 

@@ -150,11 +150,6 @@ func (q *Queue) Close() error {
 	return errors.Join(q.client.Close(), q.inspector.Close())
 }
 
-func (q *Queue) startsKey() string { return q.cfg.Prefix + "queue:starts" }
-
-// DequeuedChannel is published on at every start, to drive position updates.
-func (q *Queue) DequeuedChannel() string { return q.cfg.Prefix + "queue:dequeued" }
-
 // Enqueue puts request id on the queue of p, to run after delay.
 func (q *Queue) Enqueue(ctx context.Context, id string, p priority.Priority, delay time.Duration) error {
 	payload, _ := json.Marshal(Payload{ID: id})
@@ -179,10 +174,9 @@ func (q *Queue) depths(ctx context.Context) (pending, delayed map[priority.Prior
 	sc := map[priority.Priority]*redis.IntCmd{}
 	rc := map[priority.Priority]*redis.IntCmd{}
 	for _, p := range priority.All {
-		pfx := "asynq:{" + Name(p) + "}:"
-		pc[p] = pipe.LLen(ctx, pfx+"pending")
-		sc[p] = pipe.ZCard(ctx, pfx+"scheduled")
-		rc[p] = pipe.ZCard(ctx, pfx+"retry")
+		pc[p] = pipe.LLen(ctx, pendingKey(p))
+		sc[p] = pipe.ZCard(ctx, scheduledKey(p))
+		rc[p] = pipe.ZCard(ctx, retryKey(p))
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, nil, fmt.Errorf("queue: depth: %w", err)
@@ -351,7 +345,7 @@ func (q *Queue) Spots(ctx context.Context) (map[string]Spot, error) {
 	pipe := q.rdb.Pipeline()
 	lists := map[priority.Priority]*redis.StringSliceCmd{}
 	for _, p := range priority.All {
-		lists[p] = pipe.LRange(ctx, "asynq:{"+Name(p)+"}:pending", 0, -1)
+		lists[p] = pipe.LRange(ctx, pendingKey(p), 0, -1)
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("queue: positions: %w", err)
@@ -425,7 +419,7 @@ func (q *Queue) SpotOf(ctx context.Context, id string) (Spot, error) {
 
 // Pending returns the ids of p's pending requests, oldest first.
 func (q *Queue) Pending(ctx context.Context, p priority.Priority) ([]string, error) {
-	ids, err := q.rdb.LRange(ctx, "asynq:{"+Name(p)+"}:pending", 0, -1).Result()
+	ids, err := q.rdb.LRange(ctx, pendingKey(p), 0, -1).Result()
 	if err != nil {
 		return nil, fmt.Errorf("queue: pending %s: %w", Name(p), err)
 	}
@@ -486,7 +480,7 @@ func (q *Queue) OldestPending(ctx context.Context) (map[priority.Priority]string
 	pipe := q.rdb.Pipeline()
 	cmds := map[priority.Priority]*redis.StringCmd{}
 	for _, p := range priority.All {
-		cmds[p] = pipe.LIndex(ctx, "asynq:{"+Name(p)+"}:pending", -1)
+		cmds[p] = pipe.LIndex(ctx, pendingKey(p), -1)
 	}
 	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("queue: oldest: %w", err)

@@ -24,12 +24,10 @@ import (
 func (b *Base) API() (api, admin http.Handler, hub *progress.Hub) {
 	cfg := b.Cfg
 	b.Registry.MustRegister(metrics.NewStateCollector(b.readState, 0))
-	var ca *cacheAdapter
 	var cacheDep intake.Cache
 	var cacheAdmin httpapi.CacheAdmin
 	if b.Cache != nil {
-		ca = &cacheAdapter{c: b.Cache, m: b.Metrics}
-		cacheDep, cacheAdmin = ca, b.Cache
+		cacheDep, cacheAdmin = b.Cache, b.Cache
 	}
 	routes := map[llm.Route]bool{}
 	for _, r := range cfg.Routes() {
@@ -42,8 +40,8 @@ func (b *Base) API() (api, admin http.Handler, hub *progress.Hub) {
 		CacheEnabled: b.Cache != nil, AfterStore: b.afterStore(),
 	}, intake.Deps{
 		Jobs: b.Jobs, Finisher: b.Finisher, Queue: b.Queue, Breakers: b.Breakers, History: b.History, Cache: cacheDep,
-		Coalescer: coalescer{rdb: b.Redis, prefix: cfg.Redis.Prefix}, Promoter: promoter{b}, Metrics: b.Metrics, Logger: b.Logger,
-		RateLimiter: tenantLimiter{l: redis_rate.NewLimiter(b.Redis), prefix: cfg.Redis.Prefix},
+		Coalescer: b.Claims, Promoter: promoter{b}, Metrics: b.Metrics, Logger: b.Logger,
+		RateLimiter: tenantLimiter{l: redis_rate.NewLimiter(b.Redis), keys: b.keys()},
 	})
 	hub = progress.New(b.Redis, b.Queue, progress.Config{Channel: b.Jobs.Channel()}, b.Logger)
 	mon := asynqmon.New(asynqmon.Options{RootPath: "/admin/queues", ReadOnly: !cfg.Server.AdminQueuesWritable,

@@ -20,7 +20,6 @@ import (
 	"bulwark/pkg/job"
 	"bulwark/pkg/llm"
 	"bulwark/pkg/mockprovider"
-	"bulwark/pkg/service"
 )
 
 // BenchmarkCacheThroughAPI measures cache hits end to end — HTTP, auth,
@@ -37,7 +36,7 @@ import (
 // Every row is written by the production code: the questions through the
 // whole path (API, queue, worker, mock provider, cache write), the filler
 // by the API's own cache.Cache.Store, under keys built by the service's
-// cacheKey from a question's own job with another question in it. Most
+// cache.KeyOf from a question's own job with another question in it. Most
 // filler rows of the questions' scope ask about the same two DTCs as the
 // questions, in other words: the entity-filtered candidate set of a lookup
 // is the question's group (about 180 live rows at 10k; 900 at 100k, enough
@@ -177,7 +176,7 @@ func benchCacheThroughAPI(b *testing.B, n int) {
 		b.Fatalf("rows=%d: the questions' groups are below SmallScopeRows: the HNSW path is not exercised", n)
 	}
 
-	run := func(name string, question func(i int) string, want cache.Kind, minHitRate, minRecall float64) {
+	run := func(name string, question func(i int) string, want job.Cached, minHitRate, minRecall float64) {
 		b.Run(name, func(b *testing.B) {
 			// Fresh connections, then warm-up requests: PostgreSQL plans a
 			// prepared statement's first five executions on each
@@ -219,17 +218,17 @@ func benchCacheThroughAPI(b *testing.B, n int) {
 			}
 		})
 	}
-	run("exact", func(i int) string { return targets[i] }, cache.KindExact, apiMinExactHitRate, apiMinExactHitRate)
+	run("exact", func(i int) string { return targets[i] }, job.CachedExact, apiMinExactHitRate, apiMinExactHitRate)
 
 	r2 := rand.New(rand.NewPCG(9, 9))
 	run("semantic", func(i int) string { return targetQuestion(i, randomVIN(r2), randomTime(r2)) },
-		cache.KindSemantic, apiMinSemanticHitRate, apiMinSemanticRecall)
+		job.CachedSemantic, apiMinSemanticHitRate, apiMinSemanticRecall)
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 // storedKey returns the cache key the service builds for a question
-// asked with ask: service.cacheKey of the first target's own job (as the
+// asked with ask: cache.KeyOf of the first target's own job (as the
 // API accepted it) with the question in place of its last user turn. It
 // checks that the keys of every target's job are those of the rows the
 // service stored.
@@ -257,7 +256,7 @@ func storedKey(b *testing.B, api *apiProc, ids []string) func(q string) cache.Ke
 		if err != nil {
 			b.Fatal(err)
 		}
-		k := service.CacheKey(&rec.Job)
+		k := cache.KeyOf(&rec.Job)
 		if !stored[[2]string{api.base.Cache.Scope(k), cache.PromptHash(cache.Normalise(k.Prompt))}] {
 			b.Fatalf("no row stored under the key of request %s", id)
 		}
@@ -268,7 +267,7 @@ func storedKey(b *testing.B, api *apiProc, ids []string) func(q string) cache.Ke
 	return func(q string) cache.Key {
 		j := first
 		j.Request.Messages = []llm.Message{{Role: llm.RoleUser, Content: []llm.Block{{Type: llm.BlockText, Text: q}}}}
-		return service.CacheKey(&j)
+		return cache.KeyOf(&j)
 	}
 }
 

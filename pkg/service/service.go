@@ -23,6 +23,7 @@ import (
 	"bulwark/pkg/alert"
 	"bulwark/pkg/breaker"
 	"bulwark/pkg/cache"
+	"bulwark/pkg/coalesce"
 	"bulwark/pkg/config"
 	"bulwark/pkg/embed"
 	"bulwark/pkg/finish"
@@ -47,6 +48,8 @@ type Base struct {
 	Slots    *slots.Limiter
 	Pool     *keypool.Pool
 	Breakers *breaker.Set
+	// Claims coalesce identical requests in flight.
+	Claims *coalesce.Claims
 	// Finisher ends every request, whoever ends it.
 	Finisher *finish.Finisher
 	// AfterStore is a test failpoint between storing a request and
@@ -110,7 +113,7 @@ func Open(ctx context.Context, cfg *config.Config, logger *slog.Logger) (b *Base
 		return nil, err
 	}
 
-	p := cfg.Redis.Prefix
+	ks := b.keys()
 	b.Registry = prometheus.NewRegistry()
 	b.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	b.Metrics = metrics.New(b.Registry)
@@ -120,15 +123,15 @@ func Open(ctx context.Context, cfg *config.Config, logger *slog.Logger) (b *Base
 	}
 	b.Metrics.InitKeys(ids...)
 
-	b.Jobs = job.NewStore(b.Redis, p, cfg.Server.ResultTTL)
+	b.Jobs = job.NewStore(b.Redis, ks.root(), cfg.Server.ResultTTL)
 	b.Slots, err = slots.New(b.Redis, slots.Config{Total: cfg.Queue.MaxConcurrentLLMCalls, Reserved: cfg.Queue.Reserved,
-		LeaseTTL: cfg.Queue.SlotLease, Prefix: p + "slots:"})
+		LeaseTTL: cfg.Queue.SlotLease, Prefix: ks.slots()})
 	if err != nil {
 		return nil, err
 	}
-	b.Queue = queue.New(b.Redis, queue.Config{MaxDepth: cfg.Queue.MaxDepth, MaxRetry: cfg.Worker.MaxAttempts, Prefix: p,
+	b.Queue = queue.New(b.Redis, queue.Config{MaxDepth: cfg.Queue.MaxDepth, MaxRetry: cfg.Worker.MaxAttempts, Prefix: ks.root(),
 		Capacity: keyCapacity(cfg), Waiters: b.Slots})
-	b.Pool, err = keypool.New(ctx, b.Redis, keypool.Config{Keys: poolKeys(cfg), Prefix: p + "keypool:",
+	b.Pool, err = keypool.New(ctx, b.Redis, keypool.Config{Keys: poolKeys(cfg), Prefix: ks.keypool(),
 		LeaseTTL: config.KeyLeaseDefault}, logger)
 	if err != nil {
 		return nil, fmt.Errorf("service: key pool: %w", err)
@@ -140,18 +143,19 @@ func Open(ctx context.Context, cfg *config.Config, logger *slog.Logger) (b *Base
 	b.Breakers, err = breaker.New(b.Redis, breaker.Config{
 		FailureThreshold: cfg.Breaker.FailureThreshold, OpenTimeout: cfg.Breaker.OpenDuration,
 		HalfOpenProbes: cfg.Breaker.HalfOpenMaxCalls, SuccessThreshold: cfg.Breaker.SuccessThreshold,
-		ProbeTimeout: maxProviderTimeout(cfg) + 30*time.Second, Prefix: p + "breaker:",
+		ProbeTimeout: maxProviderTimeout(cfg) + 30*time.Second, Prefix: ks.breaker(),
 		OnTransition: b.breakerAlert,
 	}, logger)
 	if err != nil {
 		return nil, fmt.Errorf("service: breakers: %w", err)
 	}
 	b.History = history.New(b.PG, logger, time.Minute)
+	b.Claims = coalesce.New(b.Redis, ks.root())
 	b.Finisher = finish.New(finish.Deps{Jobs: b.Jobs, History: b.History,
-		Claims: coalescer{rdb: b.Redis, prefix: p}, Metrics: b.Metrics, Price: b.price, Logger: logger})
+		Claims: b.Claims, Metrics: b.Metrics, Price: b.price, Logger: logger})
 	b.History.OnError = func() { b.Metrics.HistoryErrors.Inc() }
 	b.History.OnDrop = func() { b.Metrics.HistoryDropped.Inc() }
-	b.History.Outbox(b.Redis, p+"history:outbox", history.OutboxMaxDefault)
+	b.History.Outbox(b.Redis, ks.historyOutbox(), history.OutboxMaxDefault)
 
 	if *cfg.Cache.Enabled {
 		emb, err := embed.New(embedConfig(cfg))
@@ -283,7 +287,7 @@ func alertConfig(cfg *config.Config) alert.Config {
 		return out
 	}
 	return alert.Config{WeCom: conv(cfg.Alerts.WeCom), DingTalk: conv(cfg.Alerts.DingTalk), Generic: conv(cfg.Alerts.Generic),
-		Throttle: cfg.Alerts.Throttle, Prefix: cfg.Redis.Prefix, Language: cfg.Alerts.Language}
+		Throttle: cfg.Alerts.Throttle, Prefix: keyspace(cfg.Redis.Prefix).root(), Language: cfg.Alerts.Language}
 }
 
 // HTTPServer returns a server for addr with the listener limits of

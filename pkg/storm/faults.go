@@ -294,7 +294,7 @@ func (f *faultRun) async(ctx context.Context, i int) {
 			r.o.reason = reasonWrong
 			return
 		}
-		r.o = f.d.check(r.o, prompt, v.Result.Content, v.Result.Cached)
+		r.o = f.d.check(r.o, prompt, v.Result.Content, string(v.Result.Cached))
 		return
 	}
 	f.follow(ctx, i)

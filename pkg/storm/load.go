@@ -416,7 +416,7 @@ func (d *driver) poll(ctx context.Context, id, prompt string, o outcome) outcome
 				o.reason = reasonWrong
 				return o
 			}
-			return d.check(o, prompt, v.Result.Content, v.Result.Cached)
+			return d.check(o, prompt, v.Result.Content, string(v.Result.Cached))
 		case job.StatusFailed, job.StatusCancelled:
 			o.reason = string(v.Status) + ":" + errorCode(v.Error)
 			return o
@@ -471,7 +471,7 @@ func (d *driver) async(ctx context.Context, i int) outcome {
 			o.reason = reasonWrong
 			return o
 		}
-		return d.check(o, prompt, v.Result.Content, v.Result.Cached)
+		return d.check(o, prompt, v.Result.Content, string(v.Result.Cached))
 	case v.Status == job.StatusQueued && v.EstimatedWaitSeconds != nil:
 		o.estimates = append(o.estimates, estimate{value: waitOf(*v.EstimatedWaitSeconds, v.EstimatedWaitMS), at: now, first: true})
 	}
@@ -580,7 +580,7 @@ func (d *driver) event(o *outcome, prompt string, data []byte) bool {
 			o.reason = reasonWrong
 			return true
 		}
-		*o = d.check(*o, prompt, ev.Result.Content, ev.Result.Cached)
+		*o = d.check(*o, prompt, ev.Result.Content, string(ev.Result.Cached))
 		return true
 	case job.EventFailed, job.EventCancelled:
 		o.reason = string(ev.Type) + ":" + errorCode(ev.Error)

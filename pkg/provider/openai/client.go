@@ -154,7 +154,7 @@ func (c *Client) Complete(ctx context.Context, apiKey secret.String, req *llm.Re
 	}
 	now := time.Now()
 	if reply.Status < 200 || reply.Status > 299 {
-		return nil, errorOf(reply, apiKey, now)
+		return nil, ErrorOf(reply, apiKey, now)
 	}
 	rl := ParseRateLimit(reply.Header, now)
 	resp, err := DecodeResponse(reply.Body)

@@ -149,9 +149,11 @@ func rawCode(raw json.RawMessage) string {
 	return ""
 }
 
-// errorOf turns a non-2xx reply into a classified *llm.Error, with every
-// trace of key (and anything else key-shaped) removed from the message.
-func errorOf(r *provider.Reply, key secret.String, now time.Time) *llm.Error {
+// ErrorOf turns a non-2xx reply of any OpenAI endpoint (Chat Completions,
+// Embeddings) into a classified *llm.Error (see Classify), with every trace
+// of key (and anything else key-shaped) removed from the code and message,
+// Retry-After and the rate-limit headers read at time now. key may be zero.
+func ErrorOf(r *provider.Reply, key secret.String, now time.Time) *llm.Error {
 	errType, code, message, ok := parseError(r.Body)
 	if !ok {
 		message = provider.Snippet(r.Body, 300)
