@@ -8,13 +8,25 @@ import (
 	"net/http"
 	"sync"
 
+	"github.com/gin-gonic/gin"
+
 	"bulwark/pkg/service"
 )
 
 func main() {
+	// gin's mode is process-wide: set here, by the process, not by a package.
+	gin.SetMode(gin.ReleaseMode)
+	if err := run(); err != nil {
+		service.Fatal("api", err)
+	}
+}
+
+// run serves until SIGINT or SIGTERM; everything it opens is closed when it
+// returns, error or not.
+func run() error {
 	ctx, stop, b, err := service.Setup("api")
 	if err != nil {
-		service.Fatal("api", err)
+		return err
 	}
 	defer stop()
 	defer b.Close()
@@ -51,6 +63,7 @@ func main() {
 	}
 	wg.Wait()
 	if err != nil && !errors.Is(err, http.ErrServerClosed) {
-		service.Fatal("api", err)
+		return err
 	}
+	return nil
 }

@@ -7,20 +7,29 @@ import (
 )
 
 func main() {
+	if err := run(); err != nil {
+		service.Fatal("scheduler", err)
+	}
+}
+
+// run schedules until SIGINT or SIGTERM; everything it opens is closed when
+// it returns, error or not.
+func run() error {
 	ctx, stop, b, err := service.Setup("scheduler")
 	if err != nil {
-		service.Fatal("scheduler", err)
+		return err
 	}
 	defer stop()
 	defer b.Close()
 
 	s, err := b.Scheduler()
 	if err != nil {
-		service.Fatal("scheduler", err)
+		return err
 	}
 	if err := s.Start(); err != nil {
-		service.Fatal("scheduler", err)
+		return err
 	}
 	<-ctx.Done()
 	s.Shutdown()
+	return nil
 }

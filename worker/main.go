@@ -11,9 +11,17 @@ import (
 )
 
 func main() {
+	if err := run(); err != nil {
+		service.Fatal("worker", err)
+	}
+}
+
+// run works until SIGINT or SIGTERM; everything it opens is closed when it
+// returns, error or not.
+func run() error {
 	ctx, stop, b, err := service.Setup("worker")
 	if err != nil {
-		service.Fatal("worker", err)
+		return err
 	}
 	defer stop()
 	defer b.Close()
@@ -32,7 +40,10 @@ func main() {
 		_ = b.Cache.Start(ctx)
 	}
 	if err := srv.Start(mux); err != nil {
-		service.Fatal("worker", err)
+		if metricsSrv != nil {
+			_ = metricsSrv.Close()
+		}
+		return err
 	}
 	// The orphan sweep: every accepted request reaches a terminal state.
 	sweeper := b.Sweeper()
@@ -47,4 +58,5 @@ func main() {
 	if metricsSrv != nil {
 		_ = metricsSrv.Shutdown(context.Background())
 	}
+	return nil
 }

@@ -170,7 +170,8 @@ type Config struct {
 	Language string
 }
 
-func (c *Config) setDefaults() {
+// WithDefaults returns c with its zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
 	if c.Throttle == 0 {
 		c.Throttle = ThrottleDefault
 	}
@@ -183,9 +184,11 @@ func (c *Config) setDefaults() {
 	if c.Language == "" {
 		c.Language = LanguageDefault
 	}
+	return c
 }
 
-func (c *Config) validate() error {
+// Validate reports every field of c (defaults applied) out of range.
+func (c Config) Validate() error {
 	var errs []error
 	if c.Timeout < 0 {
 		errs = append(errs, fmt.Errorf("alert: Timeout: must be > 0, got %s", c.Timeout))
@@ -245,8 +248,8 @@ type Notifier struct {
 // redirect would carry the token elsewhere). A Notifier with no sinks is
 // valid and sends nothing.
 func New(rdb Redis, cfg Config, hc *http.Client, logger *slog.Logger) (*Notifier, error) {
-	cfg.setDefaults()
-	if err := cfg.validate(); err != nil {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if rdb == nil && cfg.Throttle > 0 {

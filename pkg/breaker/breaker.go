@@ -68,7 +68,7 @@ type Config struct {
 	OnTransition func(name string, from, to State, reason string)
 }
 
-func (c Config) withDefaults() Config {
+func (c Config) WithDefaults() Config {
 	if c.FailureThreshold == 0 {
 		c.FailureThreshold = FailureThresholdDefault
 	}
@@ -93,7 +93,7 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-func (c Config) validate() error {
+func (c Config) Validate() error {
 	switch {
 	case c.FailureThreshold < 1:
 		return fmt.Errorf("breaker: Config.FailureThreshold must be at least 1, got %d", c.FailureThreshold)
@@ -231,8 +231,8 @@ func New(rdb redis.Scripter, cfg Config, logger *slog.Logger) (*Set, error) {
 	if rdb == nil {
 		return nil, errors.New("breaker: nil Redis client")
 	}
-	cfg = cfg.withDefaults()
-	if err := cfg.validate(); err != nil {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if logger == nil {

@@ -137,7 +137,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func TestConfig(t *testing.T) {
 	t.Parallel()
 
-	got := Config{}.withDefaults()
+	got := Config{}.WithDefaults()
 	want := Config{
 		FailureThreshold: 3, OpenTimeout: time.Minute, HalfOpenProbes: 1, SuccessThreshold: 2,
 		ProbeTimeout: 2 * time.Minute, Prefix: "bulwark:breaker:", RedisTimeout: 2 * time.Second,
@@ -158,7 +158,7 @@ func TestConfig(t *testing.T) {
 		{Config{ProbeTimeout: -time.Minute}, "ProbeTimeout"},
 		{Config{RedisTimeout: -time.Second}, "RedisTimeout"},
 	} {
-		err := tc.cfg.withDefaults().validate()
+		err := tc.cfg.WithDefaults().Validate()
 		if err == nil || !strings.Contains(err.Error(), "Config."+tc.field) {
 			t.Errorf("validate(%+v) = %v, want an error naming %s", tc.cfg, err, tc.field)
 		}

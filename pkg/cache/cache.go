@@ -121,8 +121,8 @@ func Open(pool *pgxpool.Pool, emb embed.Embedder, cfg Config, logger *slog.Logge
 	if pool == nil || emb == nil || logger == nil {
 		return nil, errors.New("cache: New: pool, embedder and logger are required")
 	}
-	cfg = cfg.withDefaults()
-	if err := cfg.validate(); err != nil {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if d := emb.Dims(); d < 1 || d > hnswMaxDims {

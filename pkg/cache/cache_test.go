@@ -680,7 +680,7 @@ func TestFailOpen(t *testing.T) {
 func TestFailLogLimiter(t *testing.T) {
 	t.Parallel()
 	logs := &logBuffer{}
-	c := &Cache{cfg: Config{FailLogInterval: time.Nanosecond}.withDefaults(), logger: slog.New(slog.NewTextHandler(logs, nil))}
+	c := &Cache{cfg: Config{FailLogInterval: time.Nanosecond}.WithDefaults(), logger: slog.New(slog.NewTextHandler(logs, nil))}
 	for range 3 {
 		c.fail(context.Background(), errors.New("boom"))
 	}

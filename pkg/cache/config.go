@@ -146,7 +146,7 @@ type Config struct {
 
 // withDefaults returns a copy of c with defaults filled in. Maps and slices
 // are copied so the caller's values are never shared.
-func (c Config) withDefaults() Config {
+func (c Config) WithDefaults() Config {
 	if c.Threshold == 0 {
 		c.Threshold = ThresholdDefault
 	}
@@ -198,7 +198,7 @@ func (c Config) withDefaults() Config {
 }
 
 // validate checks a Config that went through withDefaults.
-func (c Config) validate() error {
+func (c Config) Validate() error {
 	if !(c.Threshold > 0 && c.Threshold <= 1) {
 		return fmt.Errorf("cache: Config.Threshold %v: want 0 < threshold <= 1", c.Threshold)
 	}
@@ -248,7 +248,7 @@ func (c Config) validate() error {
 // default settings; it is AfterConnectWith(Config{}). Whoever builds the
 // pgxpool sets it as pgxpool.Config.AfterConnect.
 func AfterConnect(ctx context.Context, conn *pgx.Conn) error {
-	return afterConnect(ctx, conn, Config{}.withDefaults())
+	return afterConnect(ctx, conn, Config{}.WithDefaults())
 }
 
 // AfterConnectWith returns a pgxpool AfterConnect hook that registers
@@ -263,7 +263,7 @@ func AfterConnect(ctx context.Context, conn *pgx.Conn) error {
 // These settings only affect HNSW scans, so the hook is harmless on a pool
 // shared with other packages. New refuses a pool whose connections lack it.
 func AfterConnectWith(cfg Config) func(context.Context, *pgx.Conn) error {
-	cfg = cfg.withDefaults()
+	cfg = cfg.WithDefaults()
 	return func(ctx context.Context, conn *pgx.Conn) error {
 		return afterConnect(ctx, conn, cfg)
 	}

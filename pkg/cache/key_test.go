@@ -74,8 +74,8 @@ func TestIndexName(t *testing.T) {
 
 func TestConfigDefaultsAndValidate(t *testing.T) {
 	t.Parallel()
-	c := Config{}.withDefaults()
-	require.NoError(t, c.validate())
+	c := Config{}.WithDefaults()
+	require.NoError(t, c.Validate())
 	require.Equal(t, 0.95, c.Threshold)
 	require.Equal(t, TTLDefault(), c.TTL)
 	require.True(t, *c.TenantIsolation)
@@ -84,7 +84,7 @@ func TestConfigDefaultsAndValidate(t *testing.T) {
 	require.Equal(t, 500, c.SmallScopeRows)
 
 	userTTL := map[string]time.Duration{"router": time.Hour}
-	c = Config{TTL: userTTL}.withDefaults()
+	c = Config{TTL: userTTL}.WithDefaults()
 	require.Equal(t, time.Hour, c.TTL["router"])
 	require.Equal(t, 4*time.Hour, c.TTL["agent"], "layers not given keep their default")
 	c.TTL["router"] = 0
@@ -108,6 +108,6 @@ func TestConfigDefaultsAndValidate(t *testing.T) {
 		{Config{FailLogInterval: -time.Second}, "Config.FailLogInterval"},
 	}
 	for _, tt := range tests {
-		require.ErrorContains(t, tt.cfg.withDefaults().validate(), tt.want)
+		require.ErrorContains(t, tt.cfg.WithDefaults().Validate(), tt.want)
 	}
 }

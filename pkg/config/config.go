@@ -252,6 +252,10 @@ type Breaker struct {
 	HalfOpenMaxCalls int `yaml:"half_open_max_calls"`
 	// SuccessThreshold probe successes close it. Default 2.
 	SuccessThreshold int `yaml:"success_threshold"`
+	// ProbeTimeout bounds a half-open probe call: one not reported within
+	// it counts as failed. Default the longest providers.*.timeout plus
+	// 30s; it must exceed every provider's timeout.
+	ProbeTimeout time.Duration `yaml:"probe_timeout"`
 }
 
 // Tenant is a client of Bulwark.

@@ -105,6 +105,19 @@ func TestValidation(t *testing.T) {
 		{"user info in base url", strings.Replace(minimal, "http://127.0.0.1:1", "https://u:sk-ant-LEAK@api.example.test", 1), map[string]string{"K1": secretVal},
 			"providers.claude.base_url: must not carry user info"},
 		{"https base url", strings.Replace(minimal, "http://127.0.0.1:1", "https://api.example.test", 1), map[string]string{"K1": secretVal}, ""},
+		// Limits across components name both fields.
+		{"probe shorter than a call", minimal + "breaker: {probe_timeout: 60s}", map[string]string{"K1": secretVal},
+			"breaker.probe_timeout: (1m0s) must exceed providers.claude.timeout (2m0s)"},
+		{"probe default follows the longest call", strings.Replace(minimal, `tiers: {sonnet: m1}}`, `tiers: {sonnet: m1}, timeout: 150s}`, 1),
+			map[string]string{"K1": secretVal}, ""},
+		{"call longer than the task", strings.Replace(minimal, `tiers: {sonnet: m1}}`, `tiers: {sonnet: m1}, timeout: 8m}`, 1) +
+			"breaker: {probe_timeout: 9m}", map[string]string{"K1": secretVal},
+			"providers.claude.timeout: (8m0s) twice (route and fallback) plus worker.hold_wait (10s) must stay under the queue's task timeout (15m0s)"},
+		{"call longer than the key lease", strings.Replace(minimal, `tiers: {sonnet: m1}}`, `tiers: {sonnet: m1}, timeout: 3m}`, 1),
+			map[string]string{"K1": secretVal}, "providers.claude.timeout: plus worker.pace_wait (1s) must stay under the key lease (3m0s)"},
+		// A component's own validation backs the file's rules up.
+		{"embedder dims out of range", minimal + `cache: {embedder: {kind: openai, base_url: "http://127.0.0.1:2", model: m, dims: 99999}}`,
+			map[string]string{"K1": secretVal}, "cache.embedder: embed: OpenAIConfig.Dims 99999"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -3,68 +3,81 @@ package config
 import (
 	"time"
 
+	"bulwark/pkg/alert"
+	"bulwark/pkg/breaker"
+	"bulwark/pkg/cache"
+	"bulwark/pkg/embed"
+	"bulwark/pkg/httpapi"
+	"bulwark/pkg/keypool"
 	"bulwark/pkg/priority"
+	"bulwark/pkg/queue"
+	"bulwark/pkg/slots"
 )
 
-// Defaults of the design document; see each field's comment.
+// Defaults of the design document; see each field's comment. Where a
+// component has a default of its own, this is it: one number, one place.
 const (
 	ListenDefault                   = "127.0.0.1:8080"
-	MaxBodyBytesDefault             = 1 << 20
+	MaxBodyBytesDefault             = httpapi.MaxBodyBytesDefault
 	MaxPromptCharsDefault           = 200_000
 	MaxTokensLimitDefault           = 32_000
 	DefaultMaxTokensDefault         = 1024
-	SyncTimeoutDefault              = 60 * time.Second
+	SyncTimeoutDefault              = httpapi.SyncTimeoutDefault
 	ResultTTLDefault                = 24 * time.Hour
 	ServerShutdownTimeoutDefault    = 10 * time.Second
 	ReadHeaderTimeoutDefault        = 5 * time.Second
 	ReadTimeoutDefault              = 30 * time.Second
 	IdleTimeoutDefault              = 120 * time.Second
 	MaxHeaderBytesDefault           = 64 << 10
-	WriteTimeoutDefault             = 30 * time.Second
-	StreamMaxLifetimeDefault        = 15 * time.Minute
+	WriteTimeoutDefault             = httpapi.WriteTimeoutDefault
+	StreamMaxLifetimeDefault        = httpapi.StreamMaxLifetimeDefault
 	RedisAddrDefault                = "127.0.0.1:16379"
-	RedisPrefixDefault              = "bulwark:"
+	RedisPrefixDefault              = queue.PrefixDefault
 	PGMaxConnsDefault               = 10
 	WorkerConcurrencyDefault        = 32
 	WorkerMetricsListenDefault      = "127.0.0.1:9091"
 	TaskCheckIntervalDefault        = 20 * time.Millisecond
 	DelayedTaskCheckIntervalDefault = 100 * time.Millisecond
 	WorkerShutdownTimeoutDefault    = 25 * time.Second
-	MaxAttemptsDefault              = 8
+	MaxAttemptsDefault              = queue.MaxRetryDefault
 	ProviderTimeoutDefault          = 120 * time.Second
-	MaxConcurrentLLMCallsDefault    = 20
+	MaxConcurrentLLMCallsDefault    = slots.TotalDefault
 	QueueMaxWaitDefault             = 300 * time.Second
-	QueueMaxDepthDefault            = 200
-	SlotLeaseDefault                = 30 * time.Second
-	BurstWindowDefault              = time.Second
+	QueueMaxDepthDefault            = queue.MaxDepthDefault
+	SlotLeaseDefault                = slots.LeaseTTLDefault
+	BurstWindowDefault              = keypool.WindowDefault
 	PaceWaitDefault                 = time.Second
 	HoldWaitDefault                 = 10 * time.Second
 	// KeyLeaseDefault is how long a key's in-flight lease lives unsettled
 	// (keypool.LeaseTTLDefault); validation checks it outlasts a call.
-	KeyLeaseDefault                = 3 * time.Minute
-	CacheThresholdDefault          = 0.95
-	CacheDefaultLayerDefault       = "agent"
-	BreakerFailureThresholdDefault = 3
-	BreakerOpenDurationDefault     = 60 * time.Second
-	BreakerHalfOpenMaxCallsDefault = 1
-	BreakerSuccessThresholdDefault = 2
-	AlertThrottleDefault           = 5 * time.Minute
-	AlertIntervalDefault           = 30 * time.Second
-	ReportAtDefault                = "08:00"
-	TenantRPMDefault               = 1200
-	HistoryRetentionDefault        = 30 * 24 * time.Hour
-	TenantMaxStreamsDefault        = 200
-	TenantMaxSyncWaitsDefault      = 100
+	KeyLeaseDefault                = keypool.LeaseTTLDefault
+	CacheThresholdDefault          = cache.ThresholdDefault
+	CacheDefaultLayerDefault       = cache.DefaultLayerDefault
+	BreakerFailureThresholdDefault = breaker.FailureThresholdDefault
+	BreakerOpenDurationDefault     = breaker.OpenTimeoutDefault
+	BreakerHalfOpenMaxCallsDefault = breaker.HalfOpenProbesDefault
+	BreakerSuccessThresholdDefault = breaker.SuccessThresholdDefault
+	AlertThrottleDefault           = alert.ThrottleDefault
+	// ProbeMarginDefault is how much longer than the longest provider
+	// timeout breaker.probe_timeout defaults to.
+	ProbeMarginDefault        = 30 * time.Second
+	AlertIntervalDefault      = 30 * time.Second
+	ReportAtDefault           = "08:00"
+	TenantRPMDefault          = 1200
+	HistoryRetentionDefault   = 30 * 24 * time.Hour
+	TenantMaxStreamsDefault   = 200
+	TenantMaxSyncWaitsDefault = 100
 )
 
-// ReservedDefault is the design document's per-priority reserve (4.2).
-var ReservedDefault = map[priority.Priority]int{priority.Critical: 5, priority.High: 10, priority.Normal: 4, priority.Low: 1}
+// ReservedDefault returns the design document's per-priority reserve (4.2).
+func ReservedDefault() map[priority.Priority]int {
+	return map[priority.Priority]int{priority.Critical: 5, priority.High: 10, priority.Normal: 4, priority.Low: 1}
+}
 
-// WeightsDefault are the asynq queue weights.
-var WeightsDefault = map[priority.Priority]int{priority.Critical: 6, priority.High: 3, priority.Normal: 2, priority.Low: 1}
-
-// CacheTTLDefault is the design document's TTL per cache layer.
-var CacheTTLDefault = map[string]time.Duration{"router": 24 * time.Hour, "agent": 4 * time.Hour, "synthesizer": 2 * time.Hour}
+// WeightsDefault returns the asynq queue weights.
+func WeightsDefault() map[priority.Priority]int {
+	return map[priority.Priority]int{priority.Critical: 6, priority.High: 3, priority.Normal: 2, priority.Low: 1}
+}
 
 func orDefault[T comparable](v *T, def T) {
 	var zero T
@@ -125,8 +138,8 @@ func (c *Config) setDefaults() {
 	orDefault(&q.MaxWait, QueueMaxWaitDefault)
 	orDefault(&q.MaxDepth, QueueMaxDepthDefault)
 	orDefault(&q.SlotLease, SlotLeaseDefault)
-	q.Reserved = withDefaults(q.Reserved, ReservedDefault)
-	q.Weights = withDefaults(q.Weights, WeightsDefault)
+	q.Reserved = withDefaults(q.Reserved, ReservedDefault())
+	q.Weights = withDefaults(q.Weights, WeightsDefault())
 
 	ca := &c.Cache
 	if ca.Enabled == nil {
@@ -139,14 +152,15 @@ func (c *Config) setDefaults() {
 	}
 	orDefault(&ca.Threshold, CacheThresholdDefault)
 	orDefault(&ca.DefaultLayer, CacheDefaultLayerDefault)
-	ca.TTL = withDefaults(ca.TTL, CacheTTLDefault)
-	orDefault(&ca.Embedder.Kind, "local")
+	ca.TTL = withDefaults(ca.TTL, cache.TTLDefault())
+	orDefault(&ca.Embedder.Kind, embed.KindDefault)
 
 	b := &c.Breaker
 	orDefault(&b.FailureThreshold, BreakerFailureThresholdDefault)
 	orDefault(&b.OpenDuration, BreakerOpenDurationDefault)
 	orDefault(&b.HalfOpenMaxCalls, BreakerHalfOpenMaxCallsDefault)
 	orDefault(&b.SuccessThreshold, BreakerSuccessThresholdDefault)
+	orDefault(&b.ProbeTimeout, c.LongestCall()+ProbeMarginDefault)
 
 	for i := range c.Tenants {
 		t := &c.Tenants[i]

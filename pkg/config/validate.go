@@ -126,21 +126,7 @@ func (c *Config) validate() error {
 		}
 	}
 
-	for name, p := range c.Providers {
-		// A key's in-flight lease must outlive the call it guards plus the
-		// reservation wait before it, or a slow call's key would be counted
-		// free while the provider still works on it.
-		if need := p.Timeout + c.Worker.PaceWait; need >= KeyLeaseDefault {
-			add("providers."+string(name)+".timeout", "plus worker.pace_wait (%s) must stay under the key lease (%s), got %s",
-				c.Worker.PaceWait, KeyLeaseDefault, p.Timeout)
-		}
-	}
-	if c.Worker.HoldWait < c.Worker.PaceWait {
-		add("worker.hold_wait", "must be >= worker.pace_wait (%s), got %s", c.Worker.PaceWait, c.Worker.HoldWait)
-	}
-	if c.Queue.SlotLease < 3*time.Second {
-		add("queue.slot_lease", "must be >= 3s (workers renew it every third), got %s", c.Queue.SlotLease)
-	}
+	c.validateAcross(add)
 
 	q := c.Queue
 	if q.MaxConcurrentLLMCalls <= 0 {
@@ -250,6 +236,11 @@ func (c *Config) validate() error {
 	}
 	if _, err := time.LoadLocation(c.Report.Timezone); err != nil {
 		add("report.timezone", "unknown time zone %q", c.Report.Timezone)
+	}
+	if len(errs) == 0 {
+		// The backstop: the file's own rules above name its fields more
+		// precisely, and a component would repeat them.
+		c.validateComponents(add)
 	}
 	return errors.Join(errs...)
 }

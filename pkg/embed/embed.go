@@ -57,6 +57,13 @@ type Config struct {
 	OpenAI OpenAIConfig `yaml:"openai"`
 }
 
+// Validate reports what New would refuse in c, without building anything
+// that costs.
+func (c Config) Validate() error {
+	_, err := New(c)
+	return err
+}
+
 // New builds the embedder cfg selects.
 func New(cfg Config) (Embedder, error) {
 	switch cfg.Kind {

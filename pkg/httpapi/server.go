@@ -84,19 +84,68 @@ type Config struct {
 	// (server.admin_listen) instead of beside the tenants' ones.
 	AdminApart bool
 	// Tenants by the hex SHA-256 of their token.
-	Tenants      map[string]intake.Tenant
-	AdminToken   secret.String
+	Tenants    map[string]intake.Tenant
+	AdminToken secret.String
+	// MaxBodyBytes bounds a request body (413 beyond). Default
+	// MaxBodyBytesDefault (1 MiB).
 	MaxBodyBytes int64
-	// SyncTimeout of the compat endpoints.
+	// SyncTimeout is how long the compat endpoints wait for an answer
+	// before a 429 still_queued. Default SyncTimeoutDefault (60s).
 	SyncTimeout time.Duration
-	// KeepAlive of SSE streams (comment lines). Default 15s.
+	// KeepAlive of SSE streams (comment lines). Default KeepAliveDefault
+	// (15s).
 	KeepAlive time.Duration
 	// WriteTimeout bounds each write of an SSE event or keep-alive: a
-	// client that stops reading is cut after it. Default 30s.
+	// client that stops reading is cut after it. Default
+	// WriteTimeoutDefault (30s).
 	WriteTimeout time.Duration
 	// StreamMaxLifetime ends an SSE stream after this long (the client
-	// reconnects with Last-Event-ID). Default 15m.
+	// reconnects with Last-Event-ID). Default StreamMaxLifetimeDefault
+	// (15m).
 	StreamMaxLifetime time.Duration
+}
+
+// Defaults of Config.
+const (
+	MaxBodyBytesDefault      = 1 << 20
+	SyncTimeoutDefault       = 60 * time.Second
+	KeepAliveDefault         = 15 * time.Second
+	WriteTimeoutDefault      = 30 * time.Second
+	StreamMaxLifetimeDefault = 15 * time.Minute
+)
+
+// WithDefaults returns c with its zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = MaxBodyBytesDefault
+	}
+	if c.SyncTimeout == 0 {
+		c.SyncTimeout = SyncTimeoutDefault
+	}
+	if c.KeepAlive == 0 {
+		c.KeepAlive = KeepAliveDefault
+	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = WriteTimeoutDefault
+	}
+	if c.StreamMaxLifetime == 0 {
+		c.StreamMaxLifetime = StreamMaxLifetimeDefault
+	}
+	return c
+}
+
+// Validate reports the first field of c (defaults applied) out of range.
+func (c Config) Validate() error {
+	for _, f := range []struct {
+		name string
+		v    int64
+	}{{"MaxBodyBytes", c.MaxBodyBytes}, {"SyncTimeout", int64(c.SyncTimeout)}, {"KeepAlive", int64(c.KeepAlive)},
+		{"WriteTimeout", int64(c.WriteTimeout)}, {"StreamMaxLifetime", int64(c.StreamMaxLifetime)}} {
+		if f.v <= 0 {
+			return fmt.Errorf("httpapi: Config.%s must be positive", f.name)
+		}
+	}
+	return nil
 }
 
 // Deps are the server's collaborators. Optional ones may be nil.
@@ -136,20 +185,9 @@ type Server struct {
 // endpoints too unless Config.AdminApart, and then the admin one (nil
 // otherwise). Both serve the health endpoints.
 func New(cfg Config, d Deps) (api, admin http.Handler) {
-	if cfg.KeepAlive == 0 {
-		cfg.KeepAlive = 15 * time.Second
-	}
-	if cfg.WriteTimeout == 0 {
-		cfg.WriteTimeout = 30 * time.Second
-	}
-	if cfg.StreamMaxLifetime == 0 {
-		cfg.StreamMaxLifetime = 15 * time.Minute
-	}
-	if cfg.MaxBodyBytes == 0 {
-		cfg.MaxBodyBytes = 1 << 20
-	}
+	cfg = cfg.WithDefaults()
 	s := &Server{cfg: cfg, d: d, streams: newGate(), waits: newGate()}
-	gin.SetMode(gin.ReleaseMode)
+
 	r := s.engine()
 	s.publicRoutes(r)
 	if !cfg.AdminApart {

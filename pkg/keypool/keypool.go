@@ -147,7 +147,7 @@ type Config struct {
 	Pace float64
 }
 
-func (c Config) withDefaults() Config {
+func (c Config) WithDefaults() Config {
 	if c.Prefix == "" {
 		c.Prefix = PrefixDefault
 	}
@@ -178,7 +178,7 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-func (c Config) validate() error {
+func (c Config) Validate() error {
 	if len(c.Keys) == 0 {
 		return errors.New("keypool: Config.Keys is empty")
 	}
@@ -249,8 +249,8 @@ type Pool struct {
 // the first time starts with full buckets. The caller owns rdb and closes
 // it. logger may be nil.
 func New(ctx context.Context, rdb redis.Scripter, cfg Config, logger *slog.Logger) (*Pool, error) {
-	cfg = cfg.withDefaults()
-	if err := cfg.validate(); err != nil {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	if logger == nil {

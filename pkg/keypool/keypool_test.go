@@ -173,8 +173,8 @@ func TestConfigValidate(t *testing.T) {
 		})
 	}
 
-	cfg := Config{Keys: []Key{good}}.withDefaults()
-	require.NoError(t, cfg.validate())
+	cfg := Config{Keys: []Key{good}}.WithDefaults()
+	require.NoError(t, cfg.Validate())
 	require.Equal(t, PrefixDefault, cfg.Prefix)
 	require.Equal(t, LeaseTTLDefault, cfg.LeaseTTL)
 	require.Equal(t, CooldownBaseDefault, cfg.CooldownBase)
@@ -186,8 +186,8 @@ func TestConfigValidate(t *testing.T) {
 
 	own := key("b", haiku, 10, 1000)
 	own.Window = time.Minute
-	cfg = Config{Keys: []Key{good, own}, Window: 2 * time.Second}.withDefaults()
-	require.NoError(t, cfg.validate())
+	cfg = Config{Keys: []Key{good, own}, Window: 2 * time.Second}.WithDefaults()
+	require.NoError(t, cfg.Validate())
 	require.Equal(t, []time.Duration{2 * time.Second, time.Minute}, []time.Duration{cfg.Keys[0].Window, cfg.Keys[1].Window})
 }
 

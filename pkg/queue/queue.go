@@ -49,6 +49,10 @@ const TaskType = "bulwark:call"
 // Defaults.
 const (
 	RateWindowDefault   = 20 * time.Second
+	MaxDepthDefault     = 200
+	TaskTimeoutDefault  = 15 * time.Minute
+	MaxRetryDefault     = 8
+	PrefixDefault       = "bulwark:"
 	FallbackRateDefault = 1.0 // requests/s assumed without Capacity before anything was measured
 	// minRateSamples is how many starts a measured rate needs.
 	minRateSamples = 5
@@ -88,7 +92,8 @@ type Payload struct {
 
 // Config configures the queue view.
 type Config struct {
-	// MaxDepth is the admission limit of waiting requests. Default 200.
+	// MaxDepth is the admission limit of waiting requests. Default
+	// MaxDepthDefault (200).
 	MaxDepth int
 	// RateWindow over which the drain rate is measured. Default 20s.
 	RateWindow time.Duration
@@ -99,31 +104,51 @@ type Config struct {
 	// Waiters, when set, adds the requests waiting for a global slot to
 	// positions and depths.
 	Waiters Waiters
-	// TaskTimeout bounds one processing attempt of a task. Default 15m.
+	// TaskTimeout bounds one processing attempt of a task: asynq cancels
+	// its handler after it. Default TaskTimeoutDefault (15m).
 	TaskTimeout time.Duration
 	// MaxRetry of a task (transient failures; waits for capacity do not
-	// count). Default 8.
+	// count). Default MaxRetryDefault (8).
 	MaxRetry int
-	// Prefix of Bulwark's own keys. Default "bulwark:".
+	// Prefix of Bulwark's own keys. Default PrefixDefault ("bulwark:").
 	Prefix string
 }
 
-func (c *Config) setDefaults() {
+// WithDefaults returns c with its zero fields set to their defaults.
+func (c Config) WithDefaults() Config {
 	if c.MaxDepth == 0 {
-		c.MaxDepth = 200
+		c.MaxDepth = MaxDepthDefault
 	}
 	if c.RateWindow == 0 {
 		c.RateWindow = RateWindowDefault
 	}
 	if c.TaskTimeout == 0 {
-		c.TaskTimeout = 15 * time.Minute
+		c.TaskTimeout = TaskTimeoutDefault
 	}
 	if c.MaxRetry == 0 {
-		c.MaxRetry = 8
+		c.MaxRetry = MaxRetryDefault
 	}
 	if c.Prefix == "" {
-		c.Prefix = "bulwark:"
+		c.Prefix = PrefixDefault
 	}
+	return c
+}
+
+// Validate reports the first field of c (defaults applied) out of range.
+func (c Config) Validate() error {
+	switch {
+	case c.MaxDepth < 1:
+		return fmt.Errorf("queue: Config.MaxDepth must be at least 1, got %d", c.MaxDepth)
+	case c.RateWindow <= 0:
+		return fmt.Errorf("queue: Config.RateWindow must be positive, got %s", c.RateWindow)
+	case c.TaskTimeout <= 0:
+		return fmt.Errorf("queue: Config.TaskTimeout must be positive, got %s", c.TaskTimeout)
+	case c.MaxRetry < 0:
+		return fmt.Errorf("queue: Config.MaxRetry must be at least 0, got %d", c.MaxRetry)
+	case !(c.Capacity >= 0) || math.IsInf(c.Capacity, 0):
+		return fmt.Errorf("queue: Config.Capacity must be finite and >= 0, got %g", c.Capacity)
+	}
+	return nil
 }
 
 // Queue enqueues and inspects. It is safe for concurrent use.
@@ -136,7 +161,7 @@ type Queue struct {
 
 // New returns a Queue on rdb; rdb stays owned by the caller.
 func New(rdb redis.UniversalClient, cfg Config) *Queue {
-	cfg.setDefaults()
+	cfg = cfg.WithDefaults()
 	return &Queue{
 		rdb:       rdb,
 		client:    asynq.NewClientFromRedisClient(rdb),

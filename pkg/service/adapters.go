@@ -8,6 +8,7 @@ import (
 	"github.com/go-redis/redis_rate/v10"
 
 	"bulwark/pkg/alert"
+	"bulwark/pkg/config"
 	"bulwark/pkg/job"
 	"bulwark/pkg/keypool"
 	"bulwark/pkg/llm"
@@ -23,11 +24,11 @@ func (b *Base) price(r llm.Route) metrics.Price {
 // tenantLimiter bounds a tenant's submissions with GCRA (go-redis/redis_rate).
 type tenantLimiter struct {
 	l    *redis_rate.Limiter
-	keys keyspace
+	keys config.Keyspace
 }
 
 func (t tenantLimiter) Allow(ctx context.Context, tenant string, perMinute int) (bool, time.Duration, error) {
-	res, err := t.l.Allow(ctx, t.keys.tenant(tenant), redis_rate.PerMinute(perMinute))
+	res, err := t.l.Allow(ctx, t.keys.Tenant(tenant), redis_rate.PerMinute(perMinute))
 	if err != nil {
 		return false, 0, fmt.Errorf("tenant limit: %w", err)
 	}

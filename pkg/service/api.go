@@ -41,16 +41,14 @@ func (b *Base) API() (api, admin http.Handler, hub *progress.Hub) {
 	}, intake.Deps{
 		Jobs: b.Jobs, Finisher: b.Finisher, Queue: b.Queue, Breakers: b.Breakers, History: b.History, Cache: cacheDep,
 		Coalescer: b.Claims, Promoter: promoter{b}, Metrics: b.Metrics, Logger: b.Logger,
-		RateLimiter: tenantLimiter{l: redis_rate.NewLimiter(b.Redis), keys: b.keys()},
+		RateLimiter: tenantLimiter{l: redis_rate.NewLimiter(b.Redis), keys: cfg.Redis.Keyspace()},
 	})
 	hub = progress.New(b.Redis, b.Queue, progress.Config{Channel: b.Jobs.Channel()}, b.Logger)
 	mon := asynqmon.New(asynqmon.Options{RootPath: "/admin/queues", ReadOnly: !cfg.Server.AdminQueuesWritable,
 		RedisConnOpt: asynq.RedisClientOpt{Addr: cfg.Redis.Addr, DB: cfg.Redis.DB, Password: cfg.Redis.Password.Reveal()}})
-	api, admin = httpapi.New(httpapi.Config{
-		AdminApart: cfg.Server.AdminListen != "",
-		Tenants:    tenants(cfg), AdminToken: cfg.Server.AdminToken, MaxBodyBytes: cfg.Server.MaxBodyBytes,
-		SyncTimeout: cfg.Server.SyncTimeout, WriteTimeout: cfg.Server.WriteTimeout, StreamMaxLifetime: cfg.Server.StreamMaxLifetime,
-	}, httpapi.Deps{
+	httpCfg := cfg.HTTPConfig()
+	httpCfg.Tenants = tenants(cfg)
+	api, admin = httpapi.New(httpCfg, httpapi.Deps{
 		Intake: in, Jobs: b.Jobs, Queue: b.Queue, Hub: hub, History: b.History,
 		Keys: keyAdmin{b}, Breakers: b.Breakers, Cache: cacheAdmin, Reporter: reporter{b},
 		Models: NewModels(cfg), Metrics: b.MetricsHandler(), Queues: mon,

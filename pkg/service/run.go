@@ -31,7 +31,9 @@ func Setup(process string) (context.Context, context.CancelFunc, *Base, error) {
 	return ctx, stop, b, nil
 }
 
-// Fatal logs err and exits 1.
+// Fatal logs err and exits 1. os.Exit runs no deferred call: a main calls
+// it only after the function that opened things (its run) has returned and
+// closed them.
 func Fatal(process string, err error) {
 	slog.Error(process+" failed", "err", err)
 	os.Exit(1)

@@ -102,7 +102,7 @@ func Open(ctx context.Context, cfg *config.Config, logger *slog.Logger) (b *Base
 	}
 	checkRedis(pctx, b.Redis, logger)
 
-	cacheCfg := cacheConfig(cfg)
+	cacheCfg := cfg.CacheConfig()
 	b.PG, err = pgdb.Open(ctx, pgdb.Config{DSN: cfg.Postgres.DSN.Reveal(), MaxConns: cfg.Postgres.MaxConns,
 		AfterConnect: cache.AfterConnectWith(cacheCfg)})
 	if err != nil {
@@ -113,7 +113,7 @@ func Open(ctx context.Context, cfg *config.Config, logger *slog.Logger) (b *Base
 		return nil, err
 	}
 
-	ks := b.keys()
+	ks := cfg.Redis.Keyspace()
 	b.Registry = prometheus.NewRegistry()
 	b.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	b.Metrics = metrics.New(b.Registry)
@@ -123,42 +123,38 @@ func Open(ctx context.Context, cfg *config.Config, logger *slog.Logger) (b *Base
 	}
 	b.Metrics.InitKeys(ids...)
 
-	b.Jobs = job.NewStore(b.Redis, ks.root(), cfg.Server.ResultTTL)
-	b.Slots, err = slots.New(b.Redis, slots.Config{Total: cfg.Queue.MaxConcurrentLLMCalls, Reserved: cfg.Queue.Reserved,
-		LeaseTTL: cfg.Queue.SlotLease, Prefix: ks.slots()})
+	b.Jobs = job.NewStore(b.Redis, ks.Root(), cfg.Server.ResultTTL)
+	b.Slots, err = slots.New(b.Redis, cfg.SlotsConfig())
 	if err != nil {
 		return nil, err
 	}
-	b.Queue = queue.New(b.Redis, queue.Config{MaxDepth: cfg.Queue.MaxDepth, MaxRetry: cfg.Worker.MaxAttempts, Prefix: ks.root(),
-		Capacity: keyCapacity(cfg), Waiters: b.Slots})
-	b.Pool, err = keypool.New(ctx, b.Redis, keypool.Config{Keys: poolKeys(cfg), Prefix: ks.keypool(),
-		LeaseTTL: config.KeyLeaseDefault}, logger)
+	qc := cfg.QueueConfig()
+	qc.Waiters = b.Slots
+	b.Queue = queue.New(b.Redis, qc)
+	b.Pool, err = keypool.New(ctx, b.Redis, cfg.KeypoolConfig(), logger)
 	if err != nil {
 		return nil, fmt.Errorf("service: key pool: %w", err)
 	}
-	b.Notifier, err = alert.New(b.Redis, alertConfig(cfg), nil, logger)
+	b.Notifier, err = alert.New(b.Redis, cfg.AlertConfig(), nil, logger)
 	if err != nil {
 		return nil, fmt.Errorf("service: alerts: %w", err)
 	}
-	b.Breakers, err = breaker.New(b.Redis, breaker.Config{
-		FailureThreshold: cfg.Breaker.FailureThreshold, OpenTimeout: cfg.Breaker.OpenDuration,
-		HalfOpenProbes: cfg.Breaker.HalfOpenMaxCalls, SuccessThreshold: cfg.Breaker.SuccessThreshold,
-		ProbeTimeout: maxProviderTimeout(cfg) + 30*time.Second, Prefix: ks.breaker(),
-		OnTransition: b.breakerAlert,
-	}, logger)
+	bc := cfg.BreakerConfig()
+	bc.OnTransition = b.breakerAlert
+	b.Breakers, err = breaker.New(b.Redis, bc, logger)
 	if err != nil {
 		return nil, fmt.Errorf("service: breakers: %w", err)
 	}
 	b.History = history.New(b.PG, logger, time.Minute)
-	b.Claims = coalesce.New(b.Redis, ks.root())
+	b.Claims = coalesce.New(b.Redis, ks.Root())
 	b.Finisher = finish.New(finish.Deps{Jobs: b.Jobs, History: b.History,
 		Claims: b.Claims, Metrics: b.Metrics, Price: b.price, Logger: logger})
 	b.History.OnError = func() { b.Metrics.HistoryErrors.Inc() }
 	b.History.OnDrop = func() { b.Metrics.HistoryDropped.Inc() }
-	b.History.Outbox(b.Redis, ks.historyOutbox(), history.OutboxMaxDefault)
+	b.History.Outbox(b.Redis, ks.HistoryOutbox(), history.OutboxMaxDefault)
 
 	if *cfg.Cache.Enabled {
-		emb, err := embed.New(embedConfig(cfg))
+		emb, err := embed.New(cfg.EmbedConfig())
 		if err != nil {
 			return nil, fmt.Errorf("service: embedder: %w", err)
 		}
@@ -230,64 +226,6 @@ func (b *Base) KeyDisabled(ctx context.Context, keyID string, route llm.Route, r
 	if err := b.Notifier.Notify(context.WithoutCancel(ctx), ev); err != nil && !errors.Is(err, context.Canceled) {
 		b.Logger.Warn("alert: key disabled", "key_id", keyID, "err", err)
 	}
-}
-
-func maxProviderTimeout(cfg *config.Config) time.Duration {
-	var m time.Duration
-	for _, p := range cfg.Providers {
-		m = max(m, p.Timeout)
-	}
-	return m
-}
-
-// keyCapacity is the requests per second all keys together can carry, at
-// the pool's pace: the drain rate a backlog cannot beat.
-func keyCapacity(cfg *config.Config) float64 {
-	rpm := 0
-	for _, k := range cfg.Keys {
-		rpm += k.RPMLimit
-	}
-	return float64(rpm) / 60 * keypool.PaceDefault
-}
-
-func poolKeys(cfg *config.Config) []keypool.Key {
-	out := make([]keypool.Key, 0, len(cfg.Keys))
-	for _, k := range cfg.Keys {
-		out = append(out, keypool.Key{ID: k.ID, Provider: k.Provider, Tier: k.ModelTier, APIKey: k.APIKey,
-			RPM: k.RPMLimit, TPM: k.TPMLimit, MaxInFlight: k.MaxInFlight, Window: k.BurstWindow})
-	}
-	return out
-}
-
-func cacheConfig(cfg *config.Config) cache.Config {
-	c := cache.Config{Threshold: cfg.Cache.Threshold, TTL: cfg.Cache.TTL, DefaultLayer: cfg.Cache.DefaultLayer,
-		TenantIsolation: cfg.Cache.TenantIsolation}
-	if cfg.Cache.ProtectedPatterns != nil {
-		c.ProtectedPatterns = cfg.Cache.ProtectedPatterns
-	}
-	return c
-}
-
-func embedConfig(cfg *config.Config) embed.Config {
-	e := cfg.Cache.Embedder
-	c := embed.Config{Kind: e.Kind, Dims: e.Dims}
-	if e.Kind == "openai" {
-		c.Dims = 0
-		c.OpenAI = embed.OpenAIConfig{BaseURL: e.BaseURL, Model: e.Model, Dims: e.Dims, APIKey: e.APIKey}
-	}
-	return c
-}
-
-func alertConfig(cfg *config.Config) alert.Config {
-	conv := func(ws []config.Webhook) []alert.Webhook {
-		var out []alert.Webhook
-		for _, w := range ws {
-			out = append(out, alert.Webhook{URL: w.URL, Secret: w.Secret})
-		}
-		return out
-	}
-	return alert.Config{WeCom: conv(cfg.Alerts.WeCom), DingTalk: conv(cfg.Alerts.DingTalk), Generic: conv(cfg.Alerts.Generic),
-		Throttle: cfg.Alerts.Throttle, Prefix: keyspace(cfg.Redis.Prefix).root(), Language: cfg.Alerts.Language}
 }
 
 // HTTPServer returns a server for addr with the listener limits of

@@ -145,7 +145,7 @@ func (b *Base) maintenanceDeps() maintenance.Deps {
 	}
 	cfg := b.Cfg
 	return maintenance.Deps{Cache: purger, History: b.History, Retention: cfg.Postgres.HistoryRetention, Pool: b.Pool, Breakers: b.Breakers, Notifier: b.Notifier,
-		PG: b.PG, Redis: b.Redis, Prefix: b.keys().root(), Report: cfg.Report, Language: cfg.Alerts.Language, Logger: b.Logger,
+		PG: b.PG, Redis: b.Redis, Prefix: cfg.Redis.Keyspace().Root(), Report: cfg.Report, Language: cfg.Alerts.Language, Logger: b.Logger,
 		Jobs: b.Jobs, Queues: b.Queue, Finisher: b.Finisher}
 }
 
@@ -153,5 +153,5 @@ func (b *Base) maintenanceDeps() maintenance.Deps {
 // start it with Start(ctx), stop it with Stop.
 func (b *Base) Sweeper() *maintenance.Sweeper {
 	return maintenance.NewSweeper(maintenance.SweeperDeps{Jobs: b.Jobs, Queue: b.Queue, Finisher: b.Finisher,
-		History: b.History, Redis: b.Redis, Prefix: b.keys().root(), Logger: b.Logger})
+		History: b.History, Redis: b.Redis, Prefix: b.Cfg.Redis.Keyspace().Root(), Logger: b.Logger})
 }

@@ -55,7 +55,7 @@ type Config struct {
 	Prefix string
 }
 
-func (c Config) withDefaults() Config {
+func (c Config) WithDefaults() Config {
 	if c.Total == 0 {
 		c.Total = TotalDefault
 	}
@@ -74,7 +74,7 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
-func (c Config) validate() error {
+func (c Config) Validate() error {
 	switch {
 	case c.Total < 1:
 		return fmt.Errorf("slots: Config.Total must be at least 1, got %d", c.Total)

@@ -59,8 +59,8 @@ type Limiter struct {
 
 // New returns a limiter; it touches no Redis key until used.
 func New(rdb redis.Scripter, cfg Config) (*Limiter, error) {
-	cfg = cfg.withDefaults()
-	if err := cfg.validate(); err != nil {
+	cfg = cfg.WithDefaults()
+	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	l := &Limiter{rdb: rdb, cfg: cfg}

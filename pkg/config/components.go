@@ -1,0 +1,169 @@
+package config
+
+import (
+	"time"
+
+	"bulwark/pkg/alert"
+	"bulwark/pkg/breaker"
+	"bulwark/pkg/cache"
+	"bulwark/pkg/embed"
+	"bulwark/pkg/httpapi"
+	"bulwark/pkg/keypool"
+	"bulwark/pkg/queue"
+	"bulwark/pkg/slots"
+)
+
+// The components' configurations are built from the file here and only
+// here: the service wires what these return, and Load validates each with
+// the component's own Validate (after its own WithDefaults), so a file
+// that loads is one every component accepts. Runtime collaborators
+// (callbacks, clients) are the service's to add.
+
+// SlotsConfig configures the global concurrency limit (pkg/slots).
+func (c *Config) SlotsConfig() slots.Config {
+	return slots.Config{Total: c.Queue.MaxConcurrentLLMCalls, Reserved: c.Queue.Reserved,
+		LeaseTTL: c.Queue.SlotLease, Prefix: c.Redis.Keyspace().Slots()}
+}
+
+// QueueConfig configures the queue view (pkg/queue); the service adds
+// Waiters.
+func (c *Config) QueueConfig() queue.Config {
+	return queue.Config{MaxDepth: c.Queue.MaxDepth, MaxRetry: c.Worker.MaxAttempts,
+		Prefix: c.Redis.Keyspace().Root(), Capacity: c.KeyCapacity()}
+}
+
+// KeypoolConfig configures the key pool (pkg/keypool).
+func (c *Config) KeypoolConfig() keypool.Config {
+	keys := make([]keypool.Key, 0, len(c.Keys))
+	for _, k := range c.Keys {
+		keys = append(keys, keypool.Key{ID: k.ID, Provider: k.Provider, Tier: k.ModelTier, APIKey: k.APIKey,
+			RPM: k.RPMLimit, TPM: k.TPMLimit, MaxInFlight: k.MaxInFlight, Window: k.BurstWindow})
+	}
+	return keypool.Config{Keys: keys, Prefix: c.Redis.Keyspace().Keypool(), LeaseTTL: KeyLeaseDefault}
+}
+
+// BreakerConfig configures the breakers (pkg/breaker); the service adds
+// OnTransition.
+func (c *Config) BreakerConfig() breaker.Config {
+	b := c.Breaker
+	return breaker.Config{FailureThreshold: b.FailureThreshold, OpenTimeout: b.OpenDuration,
+		HalfOpenProbes: b.HalfOpenMaxCalls, SuccessThreshold: b.SuccessThreshold,
+		ProbeTimeout: b.ProbeTimeout, Prefix: c.Redis.Keyspace().Breaker()}
+}
+
+// AlertConfig configures the instant alerts (pkg/alert).
+func (c *Config) AlertConfig() alert.Config {
+	conv := func(ws []Webhook) []alert.Webhook {
+		var out []alert.Webhook
+		for _, w := range ws {
+			out = append(out, alert.Webhook{URL: w.URL, Secret: w.Secret})
+		}
+		return out
+	}
+	a := c.Alerts
+	return alert.Config{WeCom: conv(a.WeCom), DingTalk: conv(a.DingTalk), Generic: conv(a.Generic),
+		Throttle: a.Throttle, Prefix: c.Redis.Keyspace().Root(), Language: a.Language}
+}
+
+// CacheConfig configures the semantic cache (pkg/cache).
+func (c *Config) CacheConfig() cache.Config {
+	ca := c.Cache
+	return cache.Config{Threshold: ca.Threshold, TTL: ca.TTL, DefaultLayer: ca.DefaultLayer,
+		TenantIsolation: ca.TenantIsolation, ProtectedPatterns: ca.ProtectedPatterns}
+}
+
+// EmbedConfig configures the cache's embedder (pkg/embed).
+func (c *Config) EmbedConfig() embed.Config {
+	e := c.Cache.Embedder
+	if e.Kind == embed.KindOpenAI {
+		return embed.Config{Kind: e.Kind,
+			OpenAI: embed.OpenAIConfig{BaseURL: e.BaseURL, Model: e.Model, Dims: e.Dims, APIKey: e.APIKey}}
+	}
+	return embed.Config{Kind: e.Kind, Dims: e.Dims}
+}
+
+// HTTPConfig configures the API's handlers (pkg/httpapi) but for the
+// tenants, which the service adds.
+func (c *Config) HTTPConfig() httpapi.Config {
+	s := c.Server
+	return httpapi.Config{AdminApart: s.AdminListen != "", AdminToken: s.AdminToken, MaxBodyBytes: s.MaxBodyBytes,
+		SyncTimeout: s.SyncTimeout, WriteTimeout: s.WriteTimeout, StreamMaxLifetime: s.StreamMaxLifetime}
+}
+
+// KeyCapacity is the requests per second all keys together carry at the
+// pool's pace: the drain rate a backlog cannot beat.
+func (c *Config) KeyCapacity() float64 {
+	rpm := 0
+	for _, k := range c.Keys {
+		rpm += k.RPMLimit
+	}
+	return float64(rpm) / 60 * keypool.PaceDefault
+}
+
+// LongestCall is the longest provider timeout.
+func (c *Config) LongestCall() time.Duration {
+	var m time.Duration
+	for _, p := range c.Providers {
+		m = max(m, p.Timeout)
+	}
+	return m
+}
+
+// validateComponents runs each component's own validation on the
+// configuration built for it, under the section of the file it comes from.
+func (c *Config) validateComponents(add func(field, format string, args ...any)) {
+	for _, v := range []struct {
+		section string
+		err     error
+	}{
+		{"queue", c.SlotsConfig().WithDefaults().Validate()},
+		{"queue", c.QueueConfig().WithDefaults().Validate()},
+		{"keys", c.KeypoolConfig().WithDefaults().Validate()},
+		{"breaker", c.BreakerConfig().WithDefaults().Validate()},
+		{"alerts", c.AlertConfig().WithDefaults().Validate()},
+		{"cache", c.CacheConfig().WithDefaults().Validate()},
+		{"cache.embedder", c.EmbedConfig().Validate()},
+		{"server", c.HTTPConfig().WithDefaults().Validate()},
+	} {
+		if v.err != nil {
+			add(v.section, "%v", v.err)
+		}
+	}
+}
+
+// validateAcross checks the limits that span components, each error
+// naming both fields: set apart, each value is valid.
+func (c *Config) validateAcross(add func(field, format string, args ...any)) {
+	for name, p := range c.Providers {
+		field := "providers." + string(name) + ".timeout"
+		// A key's in-flight lease must outlive the call it guards plus the
+		// reservation wait before it, or a slow call's key would be counted
+		// free while the provider still works on it.
+		if need := p.Timeout + c.Worker.PaceWait; need >= KeyLeaseDefault {
+			add(field, "plus worker.pace_wait (%s) must stay under the key lease (%s), got %s",
+				c.Worker.PaceWait, KeyLeaseDefault, p.Timeout)
+		}
+		// A half-open probe not reported within breaker.probe_timeout
+		// counts as failed: a probe call still running would be judged lost.
+		if c.Breaker.ProbeTimeout <= p.Timeout {
+			add("breaker.probe_timeout", "(%s) must exceed %s (%s): a probe still running would count as failed",
+				c.Breaker.ProbeTimeout, field, p.Timeout)
+		}
+		// One attempt holds a slot, waits for a key (worker.hold_wait),
+		// calls the route and may call its fallback: asynq cancels the
+		// handler after the queue's task timeout.
+		if need := c.Worker.HoldWait + 2*p.Timeout; need >= queue.TaskTimeoutDefault {
+			add(field, "(%s) twice (route and fallback) plus worker.hold_wait (%s) must stay under the queue's task timeout (%s)",
+				p.Timeout, c.Worker.HoldWait, queue.TaskTimeoutDefault)
+		}
+	}
+	if c.Worker.HoldWait < c.Worker.PaceWait {
+		add("worker.hold_wait", "must be >= worker.pace_wait (%s), got %s", c.Worker.PaceWait, c.Worker.HoldWait)
+	}
+	// Workers renew their slots every third of the lease; a request that
+	// waits longer than a lease for a slot keeps its place in line by the
+	// same renewal, so the lease only has to outlive a renewal period.
+	if c.Queue.SlotLease < 3*time.Second {
+		add("queue.slot_lease", "must be >= 3s (workers renew it every third), got %s", c.Queue.SlotLease)
+	}
+}
