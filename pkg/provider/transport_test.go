@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	"bulwark/pkg/llm"
+	"bulwark/pkg/provider/internal/wiretest"
 )
 
 func TestPost(t *testing.T) {
@@ -83,22 +84,10 @@ func TestPostMaxResponseBytes(t *testing.T) {
 
 func TestPostFailures(t *testing.T) {
 	t.Parallel()
-	// hang never answers; reading the body first lets the server notice the
-	// client hanging up.
-	hang := func(arrived chan struct{}) http.Handler {
-		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			_, _ = io.Copy(io.Discard, r.Body)
-			if arrived != nil {
-				close(arrived)
-			}
-			<-r.Context().Done()
-		})
-	}
 
 	t.Run("own timeout", func(t *testing.T) {
 		t.Parallel()
-		srv := httptest.NewServer(hang(nil))
-		t.Cleanup(srv.Close)
+		srv := wiretest.Hang(t)
 		_, err := Post(t.Context(), srv.Client(), Call{Provider: llm.ProviderClaude, URL: srv.URL, Timeout: 30 * time.Millisecond})
 		var pe *llm.Error
 		if !errors.As(err, &pe) || pe.Class != llm.ClassTransient || pe.Provider != llm.ProviderClaude {
@@ -111,8 +100,7 @@ func TestPostFailures(t *testing.T) {
 
 	t.Run("caller deadline is the caller's", func(t *testing.T) {
 		t.Parallel()
-		srv := httptest.NewServer(hang(nil))
-		t.Cleanup(srv.Close)
+		srv := wiretest.Hang(t)
 		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Millisecond)
 		defer cancel()
 		_, err := Post(ctx, srv.Client(), Call{Provider: llm.ProviderClaude, URL: srv.URL, Timeout: time.Minute})
@@ -126,14 +114,7 @@ func TestPostFailures(t *testing.T) {
 
 	t.Run("caller cancel with a cause", func(t *testing.T) {
 		t.Parallel()
-		arrived := make(chan struct{})
-		srv := httptest.NewServer(hang(arrived))
-		t.Cleanup(srv.Close)
-		ctx, cancel := context.WithCancelCause(t.Context())
-		go func() {
-			<-arrived
-			cancel(errors.New("client went away"))
-		}()
+		srv, ctx := wiretest.CancelWhenIn(t, errors.New("client went away"))
 		_, err := Post(ctx, srv.Client(), Call{Provider: llm.ProviderClaude, URL: srv.URL, Timeout: time.Minute})
 		if !errors.Is(err, context.Canceled) {
 			t.Fatalf("error %v, want context.Canceled", err)

@@ -1,15 +1,20 @@
 // Package wiretest holds the neutral requests and responses that every
 // provider's golden and round-trip tests translate, so that all adapters
-// are held to the same cases, and the comparison they share. It is imported
-// by tests only.
+// are held to the same cases, the comparison they share, and a provider
+// that never answers. It is imported by tests only.
 package wiretest
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"flag"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -203,4 +208,43 @@ func GoldenText(t *testing.T, name string, got []byte) {
 	if d := cmp.Diff(string(want), string(got)); d != "" {
 		t.Errorf("%s differs from the golden file (-want +got):\n%s", path, d)
 	}
+}
+
+// Hang starts a provider that never answers: it reads each request's body
+// (only then does the server notice the client hanging up) and waits until
+// the client gives up. It is closed when t ends.
+func Hang(t *testing.T) *httptest.Server {
+	t.Helper()
+	return hang(t, nil)
+}
+
+// CancelWhenIn starts a provider like Hang and returns it with a context
+// that is cancelled with cause (context.Canceled when nil) once a request
+// has reached it: a caller giving up while its request waits.
+func CancelWhenIn(t *testing.T, cause error) (*httptest.Server, context.Context) {
+	t.Helper()
+	arrived := make(chan struct{})
+	srv := hang(t, arrived)
+	ctx, cancel := context.WithCancelCause(t.Context())
+	go func() {
+		select {
+		case <-arrived:
+			cancel(cause)
+		case <-ctx.Done():
+		}
+	}()
+	return srv, ctx
+}
+
+func hang(t *testing.T, arrived chan struct{}) *httptest.Server {
+	var once sync.Once
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if arrived != nil {
+			once.Do(func() { close(arrived) })
+		}
+		<-r.Context().Done()
+	}))
+	t.Cleanup(srv.Close)
+	return srv
 }
