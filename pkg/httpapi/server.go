@@ -220,6 +220,7 @@ func (s *Server) engine() *gin.Engine {
 
 // publicRoutes are the tenants' endpoints.
 func (s *Server) publicRoutes(r *gin.Engine) {
+	r.GET("/openapi.json", serveOpenAPI)
 	v1 := r.Group("/v1", s.limitBody, s.auth)
 	v1.POST("/requests", s.submit)
 	v1.GET("/requests/:id", s.get)
