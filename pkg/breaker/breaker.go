@@ -161,6 +161,10 @@ func (o Outcome) String() string {
 // ErrOpen matches (errors.Is) every *OpenError.
 var ErrOpen = errors.New("breaker: open")
 
+// ErrInvalidName is wrapped by the error of a call given a name no breaker
+// can have (empty, or over 200 bytes).
+var ErrInvalidName = errors.New("invalid breaker name")
+
 // OpenError is returned by Allow when the breaker does not admit the call:
 // it is open, or half-open with every probe slot taken.
 type OpenError struct {
@@ -505,10 +509,10 @@ func (p *Permit) DoneReason(ctx context.Context, o Outcome, reason string) error
 
 func checkName(name string) error {
 	if name == "" {
-		return errors.New("empty breaker name")
+		return fmt.Errorf("%w: empty", ErrInvalidName)
 	}
 	if len(name) > 200 {
-		return fmt.Errorf("breaker name longer than 200 bytes: %.40q", name)
+		return fmt.Errorf("%w: longer than 200 bytes: %.40q", ErrInvalidName, name)
 	}
 	return nil
 }

@@ -7,6 +7,8 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"bulwark/pkg/breaker"
+	"bulwark/pkg/keypool"
 	"bulwark/pkg/report"
 )
 
@@ -22,7 +24,7 @@ func (s *Server) adminKeys(c *gin.Context) {
 
 func (s *Server) adminEnableKey(c *gin.Context) {
 	if err := s.d.Keys.Enable(c.Request.Context(), c.Param("id")); err != nil {
-		apiError(c, http.StatusNotFound, "not_found", "id", err.Error())
+		s.keyAdminError(c, "enable", err)
 		return
 	}
 	c.JSON(http.StatusOK, gin.H{"id": c.Param("id"), "disabled": false})
@@ -34,10 +36,22 @@ func (s *Server) adminDisableKey(c *gin.Context) {
 		reason = "disabled by an operator"
 	}
 	if err := s.d.Keys.Disable(c.Request.Context(), c.Param("id"), reason); err != nil {
-		apiError(c, http.StatusNotFound, "not_found", "id", err.Error())
+		s.keyAdminError(c, "disable", err)
 		return
 	}
 	c.JSON(http.StatusOK, gin.H{"id": c.Param("id"), "disabled": true, "reason": reason})
+}
+
+// keyAdminError answers 404 for a key that is not configured and 503 when
+// the pool's state cannot be changed (Redis down): an outage must not look
+// like a typo.
+func (s *Server) keyAdminError(c *gin.Context, op string, err error) {
+	if errors.Is(err, keypool.ErrUnknownKey) {
+		apiError(c, http.StatusNotFound, "not_found", "id", "no key "+c.Param("id"))
+		return
+	}
+	s.d.Logger.Error("admin: "+op+" key", "key_id", c.Param("id"), "err", err)
+	apiError(c, http.StatusServiceUnavailable, "unavailable", "", "key pool state unavailable")
 }
 
 func (s *Server) adminBreakers(c *gin.Context) {
@@ -52,7 +66,12 @@ func (s *Server) adminBreakers(c *gin.Context) {
 
 func (s *Server) adminResetBreaker(c *gin.Context) {
 	if err := s.d.Breakers.Reset(c.Request.Context(), c.Param("name")); err != nil {
-		apiError(c, http.StatusBadRequest, "invalid_request", "name", err.Error())
+		if errors.Is(err, breaker.ErrInvalidName) {
+			apiError(c, http.StatusBadRequest, "invalid_request", "name", err.Error())
+			return
+		}
+		s.d.Logger.Error("admin: reset breaker", "breaker", c.Param("name"), "err", err)
+		apiError(c, http.StatusServiceUnavailable, "unavailable", "", "breaker state unavailable")
 		return
 	}
 	c.JSON(http.StatusOK, gin.H{"name": c.Param("name"), "state": "closed"})

@@ -204,6 +204,9 @@ func New(cfg Config, d Deps) (api, admin http.Handler) {
 // answers and the health endpoints.
 func (s *Server) engine() *gin.Engine {
 	r := gin.New()
+	// Route breakers are named "provider/tier": an escaped slash
+	// (claude%2Fsonnet) must reach :name whole, not split the path.
+	r.UseRawPath = true
 	r.Use(gin.CustomRecoveryWithWriter(io.Discard, s.recovered), s.logRequests)
 	r.HandleMethodNotAllowed = true
 	r.NoRoute(func(c *gin.Context) { apiError(c, http.StatusNotFound, "not_found", "", "no such endpoint") })

@@ -1,6 +1,7 @@
 package service_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"bulwark/pkg/breaker"
 	"bulwark/pkg/mockprovider"
 )
 
@@ -458,4 +460,44 @@ func TestAdminListenerApart(t *testing.T) {
 	if code, _, _ := call(t, "POST", api.admin.URL+"/v1/requests", devToken, ask("wrong door")); code != http.StatusNotFound {
 		t.Errorf("/v1/requests on the admin listener: %d, want 404", code)
 	}
+}
+
+// A route's breaker ("provider/tier") is reset through its escaped name,
+// and a key that is not configured is a 404 while the pool itself is up.
+func TestAdminResetRouteBreakerAndUnknownKey(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{extraYML: "cache: {enabled: false}"})
+	api := s.startAPI()
+	ctx := context.Background()
+	if err := api.base.Breakers.Trip(ctx, "claude/sonnet", "test"); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := api.base.Breakers.Status(ctx, "claude/sonnet"); st.State != breaker.StateOpen {
+		t.Fatalf("tripped breaker is %s", st.State)
+	}
+	code, raw := adminPostJSON(t, api.ts.URL+"/admin/breakers/claude%2Fsonnet/reset")
+	if code != http.StatusOK || !strings.Contains(raw, `"name":"claude/sonnet"`) {
+		t.Fatalf("reset claude%%2Fsonnet: %d %s", code, raw)
+	}
+	if st, _ := api.base.Breakers.Status(ctx, "claude/sonnet"); st.State != breaker.StateClosed {
+		t.Fatalf("after the reset the breaker is %s", st.State)
+	}
+	if code, raw := adminPostJSON(t, api.ts.URL+"/admin/keys/no-such-key/enable"); code != http.StatusNotFound {
+		t.Fatalf("enable an unknown key: %d %s", code, raw)
+	}
+}
+
+// adminPostJSON POSTs an empty JSON body with the admin token.
+func adminPostJSON(t *testing.T, url string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader("{}"))
+	req.Header.Set("Authorization", "Bearer "+adminToken)
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }

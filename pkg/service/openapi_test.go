@@ -177,6 +177,7 @@ func TestOpenAPIAgainstRealAnswers(t *testing.T) {
 	d.do(t, "POST /admin/keys/{id}/disable", u+"/admin/keys/claude-haiku-1/disable", nil, withAdmin("Content-Type", "text/plain")...).want(t, 415)
 	d.do(t, "GET /admin/breakers", u+"/admin/breakers", nil, admin...).want(t, 200)
 	d.do(t, "POST /admin/breakers/{name}/reset", u+"/admin/breakers/all/reset", nil, admin...).want(t, 200)
+	d.do(t, "POST /admin/breakers/{name}/reset", u+"/admin/breakers/claude%2Fsonnet/reset", nil, admin...).want(t, 200)
 	d.do(t, "POST /admin/breakers/{name}/reset", u+"/admin/breakers/all/reset", nil, withAdmin("Origin", "https://elsewhere.example")...).want(t, 403)
 	d.do(t, "POST /admin/cache/invalidate", u+"/admin/cache/invalidate", map[string]any{"tenant": "demo", "case_id": "ota-42"}, admin...).want(t, 200)
 	d.do(t, "POST /admin/cache/invalidate", u+"/admin/cache/invalidate", map[string]any{"all": true}, admin...).want(t, 200)
