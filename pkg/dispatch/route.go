@@ -135,6 +135,15 @@ func (d *Dispatcher) callRoutes(ctx context.Context, rec *job.Record, log *slog.
 		routes = append(routes, fb)
 	}
 	refused, tried := 0, 0
+	// The wait is the soonest any route may go again, whatever order
+	// the routes failed in.
+	waitSet := false
+	soonest := func(d time.Duration) {
+		if !waitSet || d < out.retryAfter {
+			out.retryAfter = d
+		}
+		waitSet = true
+	}
 	for i, r := range routes {
 		res, rr := d.callRoute(ctx, rec, r, log)
 		if rr != routeNoKeys {
@@ -161,15 +170,11 @@ func (d *Dispatcher) callRoutes(ctx context.Context, rec *job.Record, log *slog.
 			_ = all.Done(ctx, breaker.Ignore)
 			return res
 		case routeExhausted:
-			if !out.exhausted || res.retryAfter < out.retryAfter {
-				out.retryAfter = res.retryAfter
-			}
+			soonest(res.retryAfter)
 			out.exhausted = true
 		case routeTransient:
 			out.transient = res.transient
-			if !out.exhausted || time.Second < out.retryAfter {
-				out.retryAfter = time.Second
-			}
+			soonest(time.Second)
 		}
 	}
 	if tried == 0 {
@@ -224,7 +229,7 @@ func (d *Dispatcher) callRoute(ctx context.Context, rec *job.Record, r llm.Route
 			return outcome{}, routeCancelled
 		}
 		start := time.Now()
-		res, err := client.Complete(ctx, lease.APIKey, &req)
+		res, err := d.callKey(ctx, client, lease, permit, &req)
 		d.metrics.ObserveCall(r, lease.KeyID, err, time.Since(start))
 		if err == nil {
 			if err := d.pool.Success(ctx, lease, res.Response.Usage, res.RateLimit); err != nil {
@@ -253,6 +258,21 @@ func (d *Dispatcher) callRoute(ctx context.Context, rec *job.Record, r llm.Route
 		}
 	}
 	return outcome{transient: lastErr}, routeTransient
+}
+
+// callKey makes the call on lease's key. Should the adapter panic, the key's lease is
+// released and the breaker permit (maybe a half-open probe) handed back
+// before the panic goes on to asynq's recovery: neither waits for its
+// expiry.
+func (d *Dispatcher) callKey(ctx context.Context, client llm.Client, lease *keypool.Lease, permit *breaker.Permit, req *llm.Request) (*llm.Result, error) {
+	defer func() {
+		if p := recover(); p != nil {
+			_ = d.pool.Release(context.WithoutCancel(ctx), lease)
+			_ = permit.Done(context.WithoutCancel(ctx), breaker.Ignore)
+			panic(p)
+		}
+	}()
+	return client.Complete(ctx, lease.APIKey, req)
 }
 
 // acquire reserves a key of r. Without a lease it returns the route's

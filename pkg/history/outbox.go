@@ -115,23 +115,27 @@ func (s *Store) Replay(ctx context.Context) (int, error) {
 		if err != nil {
 			return done, fmt.Errorf("history: outbox: %w", err)
 		}
-		n, werr := s.replay(ctx, entries)
-		done += n
+		handled, written, werr := s.replay(ctx, entries)
+		done += written
 		if werr != nil {
-			s.putBack(ctx, entries[n:])
+			s.putBack(ctx, entries[handled:])
 			return done, werr
 		}
 	}
 }
 
-// replay writes entries, oldest first, and returns how many were written
-// before the first failure. An entry that cannot be decoded is dropped and
-// logged.
-func (s *Store) replay(ctx context.Context, entries []string) (int, error) {
+// replay writes entries, oldest first, until the first failure: handled
+// entries are done with (written or dropped), written ones are in
+// PostgreSQL. An entry that cannot be decoded, or that PostgreSQL refuses,
+// is dropped, logged and counted (OnDrop).
+func (s *Store) replay(ctx context.Context, entries []string) (handled, written int, err error) {
 	for i, e := range entries {
 		var k kept
 		if err := json.Unmarshal([]byte(e), &k); err != nil || k.Record == nil {
 			s.logger.Error("history: dropping an unreadable outbox entry", "err", err)
+			if s.OnDrop != nil {
+				s.OnDrop()
+			}
 			continue
 		}
 		if err := s.finished(ctx, k.Record, k.CostUSD); err != nil {
@@ -139,10 +143,11 @@ func (s *Store) replay(ctx context.Context, entries []string) (int, error) {
 				s.lost(k.Record.Job.ID, err) // retrying cannot help; it would block the rest
 				continue
 			}
-			return i, fmt.Errorf("history: replay %s: %w", k.Record.Job.ID, err)
+			return i, written, fmt.Errorf("history: replay %s: %w", k.Record.Job.ID, err)
 		}
+		written++
 	}
-	return len(entries), nil
+	return len(entries), written, nil
 }
 
 // putBack returns unwritten entries (oldest first) to the outbox's oldest
