@@ -1,6 +1,7 @@
 package config
 
 import (
+	"strings"
 	"time"
 
 	"bulwark/pkg/alert"
@@ -8,7 +9,11 @@ import (
 	"bulwark/pkg/cache"
 	"bulwark/pkg/embed"
 	"bulwark/pkg/httpapi"
+	"bulwark/pkg/intake"
 	"bulwark/pkg/keypool"
+	"bulwark/pkg/llm"
+	"bulwark/pkg/metrics"
+	"bulwark/pkg/priority"
 	"bulwark/pkg/queue"
 	"bulwark/pkg/slots"
 )
@@ -166,4 +171,80 @@ func (c *Config) validateAcross(add func(field, format string, args ...any)) {
 	if c.Queue.SlotLease < 3*time.Second {
 		add("queue.slot_lease", "must be >= 3s (workers renew it every third), got %s", c.Queue.SlotLease)
 	}
+}
+
+// IntakeConfig configures intake (pkg/intake); the service adds what
+// depends on the running process (CacheEnabled, AfterStore).
+func (c *Config) IntakeConfig() intake.Config {
+	routes := map[llm.Route]bool{}
+	for _, r := range c.Routes() {
+		routes[r] = true
+	}
+	layers := map[string]bool{}
+	for l := range c.Cache.TTL {
+		layers[l] = true
+	}
+	s := c.Server
+	return intake.Config{Routes: routes, Fallback: c.FallbackOf, MaxWait: c.Queue.MaxWait,
+		MaxPromptChars: s.MaxPromptChars, MaxTokensLimit: s.MaxTokensLimit, DefaultMaxTokens: s.DefaultMaxTokens,
+		Layers: layers, DefaultLayer: c.Cache.DefaultLayer}
+}
+
+// TenantsByToken returns the tenants as the API authenticates them: by the
+// hex SHA-256 of their token.
+func (c *Config) TenantsByToken() map[string]intake.Tenant {
+	out := map[string]intake.Tenant{}
+	for _, t := range c.Tenants {
+		out[strings.ToLower(t.TokenSHA256)] = intake.Tenant{Name: t.Name, DefaultPriority: t.DefaultPriority,
+			MaxPriority: t.MaxPriority, RateLimitRPM: t.RateLimitRPM, MaxQueued: t.MaxQueued,
+			MaxStreams: t.MaxStreams, MaxSyncWaits: t.MaxSyncWaits, DefaultLayer: t.DefaultLayer}
+	}
+	return out
+}
+
+// Price is the configured price of a route's tokens (prices).
+func (c *Config) Price(r llm.Route) metrics.Price {
+	p := c.Prices[r.String()]
+	return metrics.Price{InputPerMTok: p.Input, OutputPerMTok: p.Output}
+}
+
+// MaxActive caps the tasks of each non-critical priority that one worker
+// process works on at once so that, whatever floods, as many goroutines as
+// CRITICAL has reserved slots stay free to dequeue CRITICAL tasks at once.
+// CRITICAL itself is not capped.
+func (c *Config) MaxActive() map[priority.Priority]int {
+	out := map[priority.Priority]int{}
+	free := min(c.Queue.Reserved[priority.Critical], c.Worker.Concurrency/2)
+	for _, p := range priority.All {
+		if p != priority.Critical {
+			out[p] = max(1, c.Worker.Concurrency-free)
+		}
+	}
+	return out
+}
+
+// Models resolves the model names of the compat endpoints to routes: the
+// configured aliases (models), every tier's concrete model name, and
+// "provider/tier".
+type Models struct{ m map[string]llm.Route }
+
+// ModelResolver builds the resolver.
+func (c *Config) ModelResolver() Models {
+	m := map[string]llm.Route{}
+	for _, r := range c.Routes() {
+		m[r.String()] = r
+		m[c.ModelName(r)] = r
+	}
+	for name, to := range c.Models {
+		if r, err := ParseRoute(to); err == nil {
+			m[name] = r
+		}
+	}
+	return Models{m: m}
+}
+
+// Resolve returns the route a model name stands for.
+func (m Models) Resolve(model string) (llm.Route, bool) {
+	r, ok := m.m[model]
+	return r, ok
 }

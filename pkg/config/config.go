@@ -6,6 +6,12 @@
 // Zero values mean the documented defaults; Load applies them and then
 // validates, and every validation error names the field. No error message
 // ever contains a secret's value.
+//
+// Each component's Config is built here from the file (components.go) and
+// checked by the component's own Validate at load time, as are the limits
+// that span components (validateAcross). The Redis keyspace of every
+// component is laid out in keys.go. Defaults are the components' own
+// constants wherever a component has one.
 package config
 
 import (

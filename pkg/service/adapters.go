@@ -11,15 +11,9 @@ import (
 	"bulwark/pkg/config"
 	"bulwark/pkg/job"
 	"bulwark/pkg/keypool"
-	"bulwark/pkg/llm"
 	"bulwark/pkg/metrics"
 	"bulwark/pkg/priority"
 )
-
-func (b *Base) price(r llm.Route) metrics.Price {
-	p := b.Cfg.Prices[r.String()]
-	return metrics.Price{InputPerMTok: p.Input, OutputPerMTok: p.Output}
-}
 
 // tenantLimiter bounds a tenant's submissions with GCRA (go-redis/redis_rate).
 type tenantLimiter struct {

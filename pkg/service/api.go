@@ -4,16 +4,13 @@ import (
 	"context"
 	"net/http"
 	"os"
-	"strings"
 
 	"github.com/go-redis/redis_rate/v10"
 	"github.com/hibiken/asynq"
 	"github.com/hibiken/asynqmon"
 
-	"bulwark/pkg/config"
 	"bulwark/pkg/httpapi"
 	"bulwark/pkg/intake"
-	"bulwark/pkg/llm"
 	"bulwark/pkg/metrics"
 	"bulwark/pkg/progress"
 )
@@ -29,16 +26,9 @@ func (b *Base) API() (api, admin http.Handler, hub *progress.Hub) {
 	if b.Cache != nil {
 		cacheDep, cacheAdmin = b.Cache, b.Cache
 	}
-	routes := map[llm.Route]bool{}
-	for _, r := range cfg.Routes() {
-		routes[r] = true
-	}
-	in := intake.New(intake.Config{
-		Routes: routes, Fallback: cfg.FallbackOf, MaxWait: cfg.Queue.MaxWait,
-		MaxPromptChars: cfg.Server.MaxPromptChars, MaxTokensLimit: cfg.Server.MaxTokensLimit,
-		DefaultMaxTokens: cfg.Server.DefaultMaxTokens, Layers: layers(cfg), DefaultLayer: cfg.Cache.DefaultLayer,
-		CacheEnabled: b.Cache != nil, AfterStore: b.afterStore(),
-	}, intake.Deps{
+	ic := cfg.IntakeConfig()
+	ic.CacheEnabled, ic.AfterStore = b.Cache != nil, b.afterStore()
+	in := intake.New(ic, intake.Deps{
 		Jobs: b.Jobs, Finisher: b.Finisher, Queue: b.Queue, Breakers: b.Breakers, History: b.History, Cache: cacheDep,
 		Coalescer: b.Claims, Promoter: promoter{b}, Metrics: b.Metrics, Logger: b.Logger,
 		RateLimiter: tenantLimiter{l: redis_rate.NewLimiter(b.Redis), keys: cfg.Redis.Keyspace()},
@@ -47,11 +37,11 @@ func (b *Base) API() (api, admin http.Handler, hub *progress.Hub) {
 	mon := asynqmon.New(asynqmon.Options{RootPath: "/admin/queues", ReadOnly: !cfg.Server.AdminQueuesWritable,
 		RedisConnOpt: asynq.RedisClientOpt{Addr: cfg.Redis.Addr, DB: cfg.Redis.DB, Password: cfg.Redis.Password.Reveal()}})
 	httpCfg := cfg.HTTPConfig()
-	httpCfg.Tenants = tenants(cfg)
+	httpCfg.Tenants = cfg.TenantsByToken()
 	api, admin = httpapi.New(httpCfg, httpapi.Deps{
 		Intake: in, Jobs: b.Jobs, Queue: b.Queue, Hub: hub, History: b.History,
 		Keys: keyAdmin{b}, Breakers: b.Breakers, Cache: cacheAdmin, Reporter: reporter{b},
-		Models: NewModels(cfg), Metrics: b.MetricsHandler(), Queues: mon,
+		Models: cfg.ModelResolver(), Metrics: b.MetricsHandler(), Queues: mon,
 		Ready: map[string]httpapi.Pinger{
 			"redis": func(ctx context.Context) error { return b.Redis.Ping(ctx).Err() },
 		},
@@ -59,49 +49,6 @@ func (b *Base) API() (api, admin http.Handler, hub *progress.Hub) {
 		Logger:     b.Logger,
 	})
 	return api, admin, hub
-}
-
-func layers(cfg *config.Config) map[string]bool {
-	out := map[string]bool{}
-	for l := range cfg.Cache.TTL {
-		out[l] = true
-	}
-	return out
-}
-
-func tenants(cfg *config.Config) map[string]intake.Tenant {
-	out := map[string]intake.Tenant{}
-	for _, t := range cfg.Tenants {
-		out[strings.ToLower(t.TokenSHA256)] = intake.Tenant{Name: t.Name, DefaultPriority: t.DefaultPriority,
-			MaxPriority: t.MaxPriority, RateLimitRPM: t.RateLimitRPM, MaxQueued: t.MaxQueued,
-			MaxStreams: t.MaxStreams, MaxSyncWaits: t.MaxSyncWaits, DefaultLayer: t.DefaultLayer}
-	}
-	return out
-}
-
-// Models resolves model names of the compat endpoints to routes: the
-// configured aliases, every tier's concrete model name, and "provider/tier".
-type Models struct{ m map[string]llm.Route }
-
-// NewModels builds the resolver.
-func NewModels(cfg *config.Config) Models {
-	m := map[string]llm.Route{}
-	for _, r := range cfg.Routes() {
-		m[r.String()] = r
-		m[cfg.ModelName(r)] = r
-	}
-	for name, to := range cfg.Models {
-		if r, err := config.ParseRoute(to); err == nil {
-			m[name] = r
-		}
-	}
-	return Models{m: m}
-}
-
-// Resolve implements httpapi.Models.
-func (m Models) Resolve(model string) (llm.Route, bool) {
-	r, ok := m.m[model]
-	return r, ok
 }
 
 // FailpointEnv names the test-only failpoint: with the value

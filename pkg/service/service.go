@@ -1,6 +1,10 @@
-// Package service builds Bulwark's components from the configuration. The
-// api, worker and scheduler mains call Open, take what they need, and
-// Close in the reverse order of opening: whoever opens a pool closes it.
+// Package service wires Bulwark's components: it opens Redis and
+// PostgreSQL, builds each component from the Config pkg/config built for it
+// (config.SlotsConfig, BreakerConfig, …), connects them through the
+// interfaces they declare, and closes them. It holds no logic of its own
+// beyond small adapters between those interfaces. The api, worker and
+// scheduler mains call Open, take what they need, and Close in the reverse
+// order of opening: whoever opens a pool closes it.
 package service
 
 import (
@@ -148,7 +152,7 @@ func Open(ctx context.Context, cfg *config.Config, logger *slog.Logger) (b *Base
 	b.History = history.New(b.PG, logger, time.Minute)
 	b.Claims = coalesce.New(b.Redis, ks.Root())
 	b.Finisher = finish.New(finish.Deps{Jobs: b.Jobs, History: b.History,
-		Claims: b.Claims, Metrics: b.Metrics, Price: b.price, Logger: logger})
+		Claims: b.Claims, Metrics: b.Metrics, Price: cfg.Price, Logger: logger})
 	b.History.OnError = func() { b.Metrics.HistoryErrors.Inc() }
 	b.History.OnDrop = func() { b.Metrics.HistoryDropped.Inc() }
 	b.History.Outbox(b.Redis, ks.HistoryOutbox(), history.OutboxMaxDefault)

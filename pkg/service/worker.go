@@ -44,8 +44,8 @@ func (b *Base) Worker(clients map[llm.Provider]llm.Client) (*asynq.Server, *asyn
 		ca = b.Cache
 	}
 	d := dispatch.New(dispatch.Config{
-		Clients: clients, Fallback: cfg.FallbackOf, ModelName: cfg.ModelName, Price: b.price,
-		MaxActive: maxActive(cfg), PaceWait: cfg.Worker.PaceWait, HoldWait: cfg.Worker.HoldWait,
+		Clients: clients, Fallback: cfg.FallbackOf, ModelName: cfg.ModelName, Price: cfg.Price,
+		MaxActive: cfg.MaxActive(), PaceWait: cfg.Worker.PaceWait, HoldWait: cfg.Worker.HoldWait,
 		SlotRenew: cfg.Queue.SlotLease / 3,
 	}, dispatch.Deps{
 		Jobs: b.Jobs, Starts: b.Queue, Slots: b.Slots, Pool: b.Pool, Breakers: b.Breakers,
@@ -117,21 +117,6 @@ func queueWeights(q config.Queue) map[string]int {
 		if q.StrictPriority {
 			out[queue.Name(p)] = len(priority.All) - i
 			out[maintenance.Queue] = len(priority.All) + 1
-		}
-	}
-	return out
-}
-
-// maxActive caps the tasks of each non-critical priority that one worker
-// process works on at once so that, whatever floods, as many goroutines as
-// CRITICAL has reserved slots stay free to dequeue CRITICAL tasks at once.
-// CRITICAL itself is not capped.
-func maxActive(cfg *config.Config) map[priority.Priority]int {
-	out := map[priority.Priority]int{}
-	free := min(cfg.Queue.Reserved[priority.Critical], cfg.Worker.Concurrency/2)
-	for _, p := range priority.All {
-		if p != priority.Critical {
-			out[p] = max(1, cfg.Worker.Concurrency-free)
 		}
 	}
 	return out
