@@ -65,32 +65,7 @@ func deadPool(t *testing.T) *pgxpool.Pool {
 // answers: PostgreSQL hanging rather than refusing.
 func hangingPool(t *testing.T) *pgxpool.Pool {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-	})
-	return poolAt(t, ln.Addr().String())
+	return poolAt(t, testenv.SilentServer(t))
 }
 
 func poolAt(t *testing.T, addr string) *pgxpool.Pool {

@@ -18,7 +18,6 @@ import (
 	"net/http/httptest"
 	"net/mail"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -27,6 +26,7 @@ import (
 
 	"bulwark/pkg/alert"
 	"bulwark/pkg/secret"
+	"bulwark/pkg/testenv"
 )
 
 // received is one message the sink accepted.
@@ -257,35 +257,11 @@ func TestSendMailStartTLSNotOffered(t *testing.T) {
 func TestSendMailContext(t *testing.T) {
 	t.Parallel()
 	// A relay that accepts and never greets.
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var mu sync.Mutex
-	var conns []net.Conn
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		l.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
-	})
+	addr := testenv.SilentServer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	err = SendMail(ctx, MailConfig{Addr: l.Addr().String(), From: "a@b.c", To: []string{"d@e.f"}}, "s", "b")
+	err := SendMail(ctx, MailConfig{Addr: addr, From: "a@b.c", To: []string{"d@e.f"}}, "s", "b")
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("SendMail = %v, want context.DeadlineExceeded", err)
 	}

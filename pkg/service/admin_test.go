@@ -475,29 +475,14 @@ func TestAdminResetRouteBreakerAndUnknownKey(t *testing.T) {
 	if st, _ := api.base.Breakers.Status(ctx, "claude/sonnet"); st.State != breaker.StateOpen {
 		t.Fatalf("tripped breaker is %s", st.State)
 	}
-	code, raw := adminPostJSON(t, api.ts.URL+"/admin/breakers/claude%2Fsonnet/reset")
-	if code != http.StatusOK || !strings.Contains(raw, `"name":"claude/sonnet"`) {
-		t.Fatalf("reset claude%%2Fsonnet: %d %s", code, raw)
+	code, out, _ := call(t, "POST", api.ts.URL+"/admin/breakers/claude%2Fsonnet/reset", adminToken, "{}")
+	if code != http.StatusOK || out["name"] != "claude/sonnet" {
+		t.Fatalf("reset claude%%2Fsonnet: %d %v", code, out)
 	}
 	if st, _ := api.base.Breakers.Status(ctx, "claude/sonnet"); st.State != breaker.StateClosed {
 		t.Fatalf("after the reset the breaker is %s", st.State)
 	}
-	if code, raw := adminPostJSON(t, api.ts.URL+"/admin/keys/no-such-key/enable"); code != http.StatusNotFound {
-		t.Fatalf("enable an unknown key: %d %s", code, raw)
+	if code, out, _ := call(t, "POST", api.ts.URL+"/admin/keys/no-such-key/enable", adminToken, "{}"); code != http.StatusNotFound {
+		t.Fatalf("enable an unknown key: %d %v", code, out)
 	}
-}
-
-// adminPostJSON POSTs an empty JSON body with the admin token.
-func adminPostJSON(t *testing.T, url string) (int, string) {
-	t.Helper()
-	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader("{}"))
-	req.Header.Set("Authorization", "Bearer "+adminToken)
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
 }

@@ -199,22 +199,50 @@ func (s *system) inspector() *asynq.Inspector {
 // call sends a JSON request with the dev token and decodes the answer.
 func call(t testing.TB, method, url, token string, body any, hdr ...string) (int, map[string]any, http.Header) {
 	t.Helper()
-	var rd io.Reader
+	if token != "" {
+		hdr = append([]string{"Authorization", "Bearer " + token}, hdr...)
+	}
+	resp, raw := send(t, method, url, body, hdr...)
+	var out map[string]any
+	_ = json.Unmarshal(raw, &out)
+	if out == nil {
+		out = map[string]any{"_raw": string(raw)}
+	}
+	return resp.StatusCode, out, resp.Header
+}
+
+// encodeBody is body as send sends it.
+func encodeBody(t testing.TB, body any) []byte {
+	t.Helper()
 	switch b := body.(type) {
 	case nil:
+		return nil
 	case string:
-		rd = strings.NewReader(b)
+		return []byte(b)
 	case []byte:
-		rd = bytes.NewReader(b)
-	default:
-		js, _ := json.Marshal(b)
-		rd = bytes.NewReader(js)
+		return b
 	}
-	req, _ := http.NewRequest(method, url, rd)
+	js, err := json.Marshal(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return js
+}
+
+// send sends a request and reads the whole answer (its body is closed).
+// body is nil, a string or []byte sent as is, or a value sent as JSON;
+// hdr are header name/value pairs (Content-Type is application/json
+// unless one says otherwise). It gives up after 30 s.
+func send(t testing.TB, method, url string, body any, hdr ...string) (*http.Response, []byte) {
+	t.Helper()
+	sent := encodeBody(t, body)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(sent))
+	if err != nil {
+		t.Fatal(err)
+	}
 	req.Header.Set("Content-Type", "application/json")
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
 	for i := 0; i+1 < len(hdr); i += 2 {
 		req.Header.Set(hdr[i], hdr[i+1])
 	}
@@ -223,13 +251,11 @@ func call(t testing.TB, method, url, token string, body any, hdr ...string) (int
 		t.Fatalf("%s %s: %v", method, url, err)
 	}
 	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	var out map[string]any
-	_ = json.Unmarshal(raw, &out)
-	if out == nil {
-		out = map[string]any{"_raw": string(raw)}
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("%s %s: read: %v", method, url, err)
 	}
-	return resp.StatusCode, out, resp.Header
+	return resp, raw
 }
 
 func ask(prompt string) map[string]any {

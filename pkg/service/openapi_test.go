@@ -303,36 +303,8 @@ type answer struct {
 func (d *apiDoc) do(t *testing.T, op, url string, body any, hdr ...string) *answer {
 	t.Helper()
 	method, _, _ := strings.Cut(op, " ")
-	var sent []byte
-	switch b := body.(type) {
-	case nil:
-	case string:
-		sent = []byte(b)
-	default:
-		var err error
-		if sent, err = json.Marshal(b); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(sent))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	for i := 0; i+1 < len(hdr); i += 2 {
-		req.Header.Set(hdr[i], hdr[i+1])
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatalf("%s %s: %v", method, url, err)
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatalf("%s %s: read: %v", method, url, err)
-	}
+	sent := encodeBody(t, body)
+	resp, raw := send(t, method, url, sent, hdr...)
 	a := &answer{op: op, status: resp.StatusCode, hdr: resp.Header, raw: raw}
 	media := d.checkAnswer(t, op, resp)
 	switch mediaType(resp) {
