@@ -226,12 +226,11 @@ func (o *OpenAI) embedBatch(ctx context.Context, texts []string) ([][]float32, e
 func (o *OpenAI) post(ctx context.Context, body []byte) (*embeddingsResponse, error) {
 	h := http.Header{}
 	h.Set("User-Agent", provider.UserAgent)
-	if key := o.cfg.APIKey.Reveal(); key != "" {
-		if provider.BadHeaderValue(key) {
-			// As the chat adapter: a bad key, not a connection failure.
-			return nil, &llm.Error{Class: llm.ClassAuth, Provider: llm.ProviderOpenAI, Message: "the key contains characters a header cannot carry"}
+	if !o.cfg.APIKey.IsZero() {
+		if err := provider.CheckKey(llm.ProviderOpenAI, o.cfg.APIKey); err != nil {
+			return nil, err
 		}
-		h.Set("Authorization", "Bearer "+key)
+		h.Set("Authorization", "Bearer "+o.cfg.APIKey.Reveal())
 	}
 	reply, err := provider.Post(ctx, o.cfg.HTTPClient, provider.Call{
 		Provider:         llm.ProviderOpenAI,
@@ -249,14 +248,7 @@ func (o *OpenAI) post(ctx context.Context, body []byte) (*embeddingsResponse, er
 	}
 	var er embeddingsResponse
 	if err := json.Unmarshal(reply.Body, &er); err != nil {
-		// As in the chat adapter: a 2xx we cannot read is most likely a
-		// proxy's page or a cut-off answer; another attempt may fare better.
-		return nil, &llm.Error{
-			Class:    llm.ClassTransient,
-			Provider: llm.ProviderOpenAI,
-			Status:   reply.Status,
-			Message:  provider.Redact("decode response: "+err.Error(), o.cfg.APIKey),
-		}
+		return nil, provider.Unreadable(llm.ProviderOpenAI, reply, fmt.Errorf("decode response: %w", err), o.cfg.APIKey, llm.RateLimit{})
 	}
 	return &er, nil
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"bulwark/pkg/llm"
+	"bulwark/pkg/secret"
 )
 
 // MaxResponseBytes is the largest response body Post reads unless
@@ -216,6 +217,24 @@ func NoRedirects(hc *http.Client) *http.Client {
 
 // UserAgent is the User-Agent adapters send.
 const UserAgent = "bulwark"
+
+// CheckKey returns an auth *llm.Error for a key that no header can carry
+// (BadHeaderValue), nil otherwise: net/http would refuse to send it with
+// an error that looks like a connection failure.
+func CheckKey(p llm.Provider, key secret.String) error {
+	if BadHeaderValue(key.Reveal()) {
+		return &llm.Error{Class: llm.ClassAuth, Provider: p, Message: "the key contains characters a header cannot carry"}
+	}
+	return nil
+}
+
+// Unreadable is the error for a 2xx answer that does not decode: most
+// likely a proxy's page or a cut-off answer, so it is transient (another
+// attempt may fare better). Its message is redacted.
+func Unreadable(p llm.Provider, reply *Reply, err error, key secret.String, rl llm.RateLimit) error {
+	return &llm.Error{Class: llm.ClassTransient, Provider: p, Status: reply.Status,
+		Message: Redact(err.Error(), key), RateLimit: rl}
+}
 
 // BadHeaderValue reports whether v holds a byte that an HTTP header value
 // cannot carry (a control character other than tab, e.g. a newline pasted

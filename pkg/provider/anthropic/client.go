@@ -129,8 +129,8 @@ func (c *Client) Complete(ctx context.Context, apiKey secret.String, req *llm.Re
 	if err != nil {
 		return nil, &llm.Error{Class: llm.ClassPermanent, Provider: llm.ProviderClaude, Message: err.Error()}
 	}
-	if provider.BadHeaderValue(apiKey.Reveal()) {
-		return nil, &llm.Error{Class: llm.ClassAuth, Provider: llm.ProviderClaude, Message: "the key contains characters a header cannot carry"}
+	if err := provider.CheckKey(llm.ProviderClaude, apiKey); err != nil {
+		return nil, err
 	}
 	h := http.Header{}
 	h.Set("x-api-key", apiKey.Reveal())
@@ -153,15 +153,7 @@ func (c *Client) Complete(ctx context.Context, apiKey secret.String, req *llm.Re
 	rl := ParseRateLimit(reply.Header)
 	resp, err := DecodeResponse(reply.Body)
 	if err != nil {
-		// A 200 we cannot read is most likely a proxy's page or a cut-off
-		// answer; another attempt may fare better.
-		return nil, &llm.Error{
-			Class:     llm.ClassTransient,
-			Provider:  llm.ProviderClaude,
-			Status:    reply.Status,
-			Message:   provider.Redact(err.Error(), apiKey),
-			RateLimit: rl,
-		}
+		return nil, provider.Unreadable(llm.ProviderClaude, reply, err, apiKey, rl)
 	}
 	return &llm.Result{Response: resp, RateLimit: rl, Latency: reply.Latency}, nil
 }

@@ -136,8 +136,8 @@ func (c *Client) Complete(ctx context.Context, apiKey secret.String, req *llm.Re
 	if err != nil {
 		return nil, &llm.Error{Class: llm.ClassPermanent, Provider: llm.ProviderOpenAI, Message: err.Error()}
 	}
-	if provider.BadHeaderValue(apiKey.Reveal()) {
-		return nil, &llm.Error{Class: llm.ClassAuth, Provider: llm.ProviderOpenAI, Message: "the key contains characters a header cannot carry"}
+	if err := provider.CheckKey(llm.ProviderOpenAI, apiKey); err != nil {
+		return nil, err
 	}
 	h := http.Header{}
 	h.Set("Authorization", "Bearer "+apiKey.Reveal())
@@ -159,15 +159,7 @@ func (c *Client) Complete(ctx context.Context, apiKey secret.String, req *llm.Re
 	rl := ParseRateLimit(reply.Header, now)
 	resp, err := DecodeResponse(reply.Body)
 	if err != nil {
-		// A 200 we cannot read is most likely a proxy's page or a cut-off
-		// answer; another attempt may fare better.
-		return nil, &llm.Error{
-			Class:     llm.ClassTransient,
-			Provider:  llm.ProviderOpenAI,
-			Status:    reply.Status,
-			Message:   provider.Redact(err.Error(), apiKey),
-			RateLimit: rl,
-		}
+		return nil, provider.Unreadable(llm.ProviderOpenAI, reply, err, apiKey, rl)
 	}
 	return &llm.Result{Response: resp, RateLimit: rl, Latency: reply.Latency}, nil
 }
