@@ -8,7 +8,6 @@ import (
 	"bulwark/pkg/finish"
 	"bulwark/pkg/job"
 	"bulwark/pkg/metrics"
-	"bulwark/pkg/progress"
 )
 
 // fromCache answers from layer 1. A hit is stored as a completed request so
@@ -136,9 +135,7 @@ func (in *Intake) coalesce(ctx context.Context, j *job.Job, s Submission) (*Acce
 	}
 	a := &Accepted{ID: j.ID, Status: lrec.Status, Priority: j.Priority, CoalescedInto: leader}
 	if lrec.Status == job.StatusQueued {
-		sp, _ := in.queue.SpotOf(ctx, leader)
-		a.Position, a.ETA = max(sp.Position, 1), sp.ETA
-		a.Message = progress.QueuedMessage(s.Lang, a.Position, progress.WaitSeconds(a.ETA))
+		in.leaderSpot(ctx, a, leader, s.Lang)
 	}
 	return a, true, nil
 }

@@ -375,10 +375,30 @@ func (in *Intake) existing(ctx context.Context, id, lang string) (*Accepted, err
 		return nil, err
 	}
 	a := &Accepted{ID: id, Status: rec.Status, Priority: rec.Job.Priority, Existing: true, Result: job.ResultOf(rec.State)}
+	if leader := rec.State.CoalescedInto; leader != "" && !rec.Status.Terminal() {
+		// A follower waits behind its leader: its place is the leader's,
+		// and a compat retry must wait on the leader's answer.
+		a.CoalescedInto = leader
+		if lrec, err := in.jobs.Get(ctx, leader); err == nil {
+			a.Status = lrec.Status
+			if lrec.Status == job.StatusQueued {
+				in.leaderSpot(ctx, a, leader, lang)
+			}
+		}
+		return a, nil
+	}
 	if rec.Status == job.StatusQueued {
 		in.position(ctx, a, lang)
 	}
 	return a, nil
+}
+
+// leaderSpot gives a follower the queue place of its queued leader (1 when
+// a worker has just taken it).
+func (in *Intake) leaderSpot(ctx context.Context, a *Accepted, leader, lang string) {
+	sp, _ := in.queue.SpotOf(ctx, leader)
+	a.Position, a.ETA = max(sp.Position, 1), sp.ETA
+	a.Message = progress.QueuedMessage(lang, a.Position, progress.WaitSeconds(a.ETA))
 }
 
 // Cancel ends rec as cancelled by its caller and takes its task off the

@@ -1,0 +1,171 @@
+package httpapi_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"bulwark/pkg/finish"
+	"bulwark/pkg/job"
+	"bulwark/pkg/llm"
+)
+
+const chatBody = `{"model":"gpt-4o","messages":[{"role":"user","content":"q"}]}`
+
+// A compat request waits, on the hub, for its request to end: the answer
+// arrives as soon as the store publishes the completion, in the SDK's
+// format, with Bulwark's headers.
+func TestCompatWaitsForTheAnswer(t *testing.T) {
+	t.Parallel()
+	s := newServer(t, nil) // SyncTimeout 30s: only the published event can end the wait in time
+	pending := s.start("POST", "/v1/chat/completions", tokAcme, chatBody)
+	id := s.enqueuedID(t)
+	s.awaitGet(t, id) // the handler has subscribed and found it queued
+	select {
+	case r := <-pending:
+		t.Fatalf("answered before the request ended: %d %s", r.code, r.body)
+	default:
+	}
+	s.jobs.complete(t, id, "hello")
+	r := wait(t, pending)
+	m := r.json(t)
+	choices, _ := m["choices"].([]any)
+	var content any
+	if len(choices) == 1 {
+		msg, _ := choices[0].(map[string]any)["message"].(map[string]any)
+		content = msg["content"]
+	}
+	if r.code != http.StatusOK || content != "hello" || m["id"] != "chatcmpl-"+id || m["model"] != "gpt-4o" {
+		t.Fatalf("answer: %d %s", r.code, r.body)
+	}
+	if h := r.hdr; h.Get("X-Bulwark-Request-Id") != id || h.Get("X-Bulwark-Cache") != "none" ||
+		h.Get("X-Bulwark-Provider") != "claude" || h.Get("X-Bulwark-Model-Tier") != "sonnet" {
+		t.Fatalf("headers %v", h)
+	}
+}
+
+// A request that ends without an answer is the SDK's error for its code.
+func TestCompatFailure(t *testing.T) {
+	t.Parallel()
+	s := newServer(t, nil)
+	pending := s.start("POST", "/v1/messages", tokAcme,
+		`{"model":"claude-sonnet","max_tokens":64,"messages":[{"role":"user","content":"q"}]}`)
+	id := s.enqueuedID(t)
+	s.awaitGet(t, id)
+	rec, err := s.jobs.Get(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := (memFinisher{s.jobs}).Finish(context.Background(), rec, finish.Failed(job.State{}, job.CodeProviderError, "400 from upstream")); err != nil {
+		t.Fatal(err)
+	}
+	r := wait(t, pending)
+	m := r.json(t)
+	e, _ := m["error"].(map[string]any)
+	details, _ := e["details"].(map[string]any)
+	if r.code != http.StatusBadRequest || m["type"] != "error" || details["error_code"] != "provider_rejected" {
+		t.Fatalf("failure: %d %s", r.code, r.body)
+	}
+	if strings.Contains(string(r.body), "400 from upstream") {
+		t.Fatalf("the operators' detail reached the tenant: %s", r.body)
+	}
+}
+
+// A cache hit is answered at once, streamed when asked, and says so.
+func TestCompatCacheHitStreams(t *testing.T) {
+	t.Parallel()
+	s := newServer(t, func(su *setup) {
+		su.cache.hit = &llm.Response{Model: "m", StopReason: llm.StopEndTurn, Content: []llm.Block{{Type: llm.BlockText, Text: "cached answer"}}}
+	})
+	r := s.do(t, "POST", "/v1/messages", tokAcme,
+		`{"model":"claude-sonnet","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"q"}]}`)
+	if r.code != http.StatusOK || r.hdr.Get("X-Bulwark-Cache") != "exact" || !strings.HasPrefix(r.hdr.Get("Content-Type"), "text/event-stream") ||
+		!strings.Contains(string(r.body), "event: message_stop") || !strings.Contains(string(r.body), "cached answer") {
+		t.Fatalf("stream: %d %v\n%s", r.code, r.hdr, r.body)
+	}
+	if ids := s.queue.ids(); len(ids) != 0 {
+		t.Fatalf("a cache hit was enqueued: %v", ids)
+	}
+}
+
+// Past SyncTimeout a queued request is a 429 still_queued whose
+// Retry-After is its ETA and whose header names the request to fetch; the
+// request stays queued.
+func TestCompatStillQueued(t *testing.T) {
+	t.Parallel()
+	s := newServer(t, func(su *setup) { su.cfg.SyncTimeout = 20 * time.Millisecond })
+	r := s.do(t, "POST", "/v1/chat/completions", tokAcme, chatBody)
+	id := s.enqueuedID(t)
+	e, _ := r.json(t)["error"].(map[string]any)
+	if r.code != http.StatusTooManyRequests || e["code"] != "still_queued" || r.hdr.Get("Retry-After") != "3" ||
+		r.hdr.Get("X-Bulwark-Request-Id") != id || !strings.Contains(e["message"].(string), "/v1/requests/"+id) {
+		t.Fatalf("still queued: %d %v %s", r.code, r.hdr, r.body)
+	}
+	if st := s.jobs.status(id); st != job.StatusQueued {
+		t.Fatalf("the request went %s", st)
+	}
+}
+
+// A tenant holds at most MaxSyncWaits waiting compat requests on a
+// process: one more is a 429 at once, and the place is free again once the
+// wait ends.
+func TestCompatSyncWaitGate(t *testing.T) {
+	t.Parallel()
+	s := newServer(t, nil)
+	first := s.start("POST", "/v1/chat/completions", tokLimited, chatBody)
+	id := s.enqueuedID(t)
+	s.awaitGet(t, id)
+	r := s.do(t, "POST", "/v1/chat/completions", tokLimited, chatBody)
+	if e, _ := r.json(t)["error"].(map[string]any); r.code != http.StatusTooManyRequests || e["code"] != "too_many_waits" || r.hdr.Get("Retry-After") != "5" {
+		t.Fatalf("second wait: %d %s", r.code, r.body)
+	}
+	other := s.start("POST", "/v1/chat/completions", tokAcme, chatBody) // another tenant waits beside it
+	acme := s.enqueuedID(t)
+	s.awaitGet(t, acme)
+	s.jobs.complete(t, acme, "acme")
+	if r := wait(t, other); r.code != http.StatusOK {
+		t.Fatalf("another tenant: %d %s", r.code, r.body)
+	}
+	s.jobs.complete(t, id, "one")
+	if r := wait(t, first); r.code != http.StatusOK {
+		t.Fatalf("first: %d %s", r.code, r.body)
+	}
+	// The handler left the gate before its (small, buffered) answer was
+	// sent: the next wait is admitted.
+	third := s.start("POST", "/v1/chat/completions", tokLimited, chatBody)
+	id = s.enqueuedID(t)
+	s.awaitGet(t, id)
+	s.jobs.complete(t, id, "three")
+	if r := wait(t, third); r.code != http.StatusOK {
+		t.Fatalf("third: %d %s", r.code, r.body)
+	}
+}
+
+// Unknown models and bad Bulwark headers are refused before anything is
+// stored, in the SDK's format.
+func TestCompatBadInput(t *testing.T) {
+	t.Parallel()
+	s := newServer(t, nil)
+	for _, tt := range []struct {
+		name, path, body string
+		hdr              []string
+		code             int
+		errCode          string
+	}{
+		{"unknown model", "/v1/chat/completions", `{"model":"gpt-9","messages":[{"role":"user","content":"q"}]}`, nil, 404, "model_not_found"},
+		{"bad cache header", "/v1/chat/completions", chatBody, []string{"X-Bulwark-Cache", "sometimes"}, 400, "invalid_header"},
+		{"bad priority header", "/v1/chat/completions", chatBody, []string{"X-Bulwark-Priority", "urgent"}, 400, "invalid_header"},
+		{"malformed", "/v1/chat/completions", `{"model":`, nil, 400, "invalid_request"},
+		{"intake's 422 as a 400", "/v1/chat/completions", `{"model":"gpt-4o","max_tokens":9999,"messages":[{"role":"user","content":"q"}]}`, nil, 400, "invalid_request"},
+	} {
+		r := s.do(t, "POST", tt.path, tokAcme, tt.body, tt.hdr...)
+		if e, _ := r.json(t)["error"].(map[string]any); r.code != tt.code || e["code"] != tt.errCode {
+			t.Errorf("%s: %d %s", tt.name, r.code, r.body)
+		}
+	}
+	if ids := s.queue.ids(); len(ids) != 0 {
+		t.Fatalf("bad input enqueued: %v", ids)
+	}
+}
