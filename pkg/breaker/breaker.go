@@ -68,6 +68,7 @@ type Config struct {
 	OnTransition func(name string, from, to State, reason string)
 }
 
+// WithDefaults returns c with its zero fields set to their defaults.
 func (c Config) WithDefaults() Config {
 	if c.FailureThreshold == 0 {
 		c.FailureThreshold = FailureThresholdDefault
@@ -93,6 +94,7 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
+// Validate reports the first field of c (defaults applied) out of range.
 func (c Config) Validate() error {
 	switch {
 	case c.FailureThreshold < 1:

@@ -144,7 +144,7 @@ type Config struct {
 	FailLogInterval time.Duration `yaml:"fail_log_interval"`
 }
 
-// withDefaults returns a copy of c with defaults filled in. Maps and slices
+// WithDefaults returns a copy of c with defaults filled in. Maps and slices
 // are copied so the caller's values are never shared.
 func (c Config) WithDefaults() Config {
 	if c.Threshold == 0 {
@@ -197,7 +197,7 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
-// validate checks a Config that went through withDefaults.
+// Validate checks a Config that went through WithDefaults.
 func (c Config) Validate() error {
 	if !(c.Threshold > 0 && c.Threshold <= 1) {
 		return fmt.Errorf("cache: Config.Threshold %v: want 0 < threshold <= 1", c.Threshold)

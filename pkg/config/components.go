@@ -41,7 +41,7 @@ func (c *Config) QueueConfig() queue.Config {
 func (c *Config) KeypoolConfig() keypool.Config {
 	keys := make([]keypool.Key, 0, len(c.Keys))
 	for _, k := range c.Keys {
-		keys = append(keys, keypool.Key{ID: k.ID, Provider: k.Provider, Tier: k.ModelTier, APIKey: k.APIKey,
+		keys = append(keys, keypool.Key{ID: k.ID, Provider: k.Provider, Tier: k.ModelTier, Cred: llm.Credential{KeyID: k.ID, APIKey: k.APIKey},
 			RPM: k.RPMLimit, TPM: k.TPMLimit, MaxInFlight: k.MaxInFlight, Window: k.BurstWindow})
 	}
 	return keypool.Config{Keys: keys, Prefix: c.Redis.Keyspace().Keypool(), LeaseTTL: KeyLeaseDefault}

@@ -55,7 +55,7 @@ func (c *Config) validate() error {
 	for name, p := range c.Providers {
 		field := "providers." + string(name)
 		if !name.Valid() {
-			add(field, "unknown provider %q (want claude or openai)", name)
+			add(field, "%q is not a provider name (1-32 of a-z, 0-9, '-', starting with a letter)", name)
 			continue
 		}
 		if msg := checkBaseURL(p.BaseURL); msg != "" {
@@ -82,8 +82,8 @@ func (c *Config) validate() error {
 			add(field+".id", "duplicate key id %q", k.ID)
 		}
 		ids[k.ID] = true
-		if !k.Provider.Valid() {
-			add(field+".provider", "unknown provider %q (want claude or openai)", k.Provider)
+		if _, ok := c.Providers[k.Provider]; !ok {
+			add(field+".provider", "unknown provider %q (configure it under providers)", k.Provider)
 		} else if !routes[llm.Route{Provider: k.Provider, Tier: k.ModelTier}.String()] {
 			add(field+".model_tier", "tier %q is not configured under providers.%s.tiers", k.ModelTier, k.Provider)
 		}

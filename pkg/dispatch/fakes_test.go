@@ -206,7 +206,7 @@ func (p *fakePool) Acquire(_ context.Context, r llm.Route, _ int, _ ...keypool.A
 	p.next[r]++
 	id := fmt.Sprintf("%s-%d", r.Tier, p.next[r])
 	now := time.Now()
-	return &keypool.Lease{ID: "lease-" + id, KeyID: id, Route: r, APIKey: secret.New("sk-" + id),
+	return &keypool.Lease{ID: "lease-" + id, KeyID: id, Route: r, Cred: llm.Credential{KeyID: id, APIKey: secret.New("sk-" + id)},
 		GrantedAt: now, NotBefore: now.Add(p.delay), ExpiresAt: now.Add(time.Minute)}, nil
 }
 
@@ -356,8 +356,8 @@ type fakeClient struct {
 
 func (c *fakeClient) Provider() llm.Provider { return c.provider }
 
-func (c *fakeClient) Complete(ctx context.Context, apiKey secret.String, req *llm.Request) (*llm.Result, error) {
-	call := apiKey.Reveal() + " " + req.Model
+func (c *fakeClient) Complete(ctx context.Context, cred llm.Credential, req *llm.Request) (*llm.Result, error) {
+	call := cred.APIKey.Reveal() + " " + req.Model
 	c.mu.Lock()
 	c.calls = append(c.calls, call)
 	var reply func(context.Context) (*llm.Result, error)

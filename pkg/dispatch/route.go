@@ -272,7 +272,7 @@ func (d *Dispatcher) callKey(ctx context.Context, client llm.Client, lease *keyp
 			panic(p)
 		}
 	}()
-	return client.Complete(ctx, lease.APIKey, req)
+	return client.Complete(ctx, lease.Cred, req)
 }
 
 // acquire reserves a key of r. Without a lease it returns the route's

@@ -452,7 +452,7 @@ func TestOpenAIClassifiedLikeChatAdapter(t *testing.T) {
 			e, err := NewOpenAI(OpenAIConfig{BaseURL: base, Model: "m", Dims: 8, APIKey: key})
 			require.NoError(t, err)
 			_, embedErr := e.Embed(t.Context(), []string{"x"})
-			_, chatErr := openai.New(openai.Config{BaseURL: base}, nil).Complete(t.Context(), key, chatRequest())
+			_, chatErr := openai.New(openai.Config{BaseURL: base}, nil).Complete(t.Context(), llm.Credential{APIKey: key}, chatRequest())
 
 			var got, want *llm.Error
 			require.ErrorAs(t, embedErr, &got)
@@ -529,7 +529,7 @@ func TestOpenAIBaseURL(t *testing.T) {
 		require.Error(t, err)
 		require.Equal(t, tt.path, <-paths, "base %s", tt.base)
 		// And the chat adapter reads the same base the same way.
-		_, _ = openai.New(openai.Config{BaseURL: tt.base}, nil).Complete(context.Background(), secret.New("k"), chatRequest())
+		_, _ = openai.New(openai.Config{BaseURL: tt.base}, nil).Complete(context.Background(), llm.Credential{APIKey: secret.New("k")}, chatRequest())
 		require.Equal(t, strings.Replace(tt.path, "/embeddings", "/chat/completions", 1), <-paths, "chat, base %s", tt.base)
 	}
 

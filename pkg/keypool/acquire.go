@@ -82,7 +82,7 @@ func (p *Pool) Acquire(ctx context.Context, route llm.Route, estTokens int, opts
 				ID:        leaseID,
 				KeyID:     k.ID,
 				Route:     route,
-				APIKey:    k.APIKey,
+				Cred:      k.Cred,
 				EstTokens: estTokens,
 				GrantedAt: timeFromUS(now),
 				NotBefore: timeFromUS(at),

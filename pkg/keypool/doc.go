@@ -10,7 +10,7 @@
 //	// *ExhaustedError: wait RetryAfter or fall back; ErrTooLarge: give up.
 //	// Wait lease.Delay() (or give the lease back with pool.Return).
 //	defer pool.Release(ctx, lease) // no-op once settled
-//	res, err := client.Complete(ctx, lease.APIKey, req)
+//	res, err := client.Complete(ctx, lease.Cred, req)
 //	if err != nil {
 //		pool.Failure(ctx, lease, action, err) // Refund, Cool or Disable
 //	} else {

@@ -29,9 +29,9 @@ func Example() {
 	// limit, spent at 98% of it.
 	pool, err := keypool.New(ctx, rdb, keypool.Config{Keys: []keypool.Key{
 		{ID: "claude-sonnet-1", Provider: llm.ProviderClaude, Tier: "sonnet",
-			APIKey: secret.New(os.Getenv("CLAUDE_API_KEY_1")), RPM: 60, TPM: 80000},
+			Cred: llm.Credential{APIKey: secret.New(os.Getenv("CLAUDE_API_KEY_1"))}, RPM: 60, TPM: 80000},
 		{ID: "claude-sonnet-2", Provider: llm.ProviderClaude, Tier: "sonnet",
-			APIKey: secret.New(os.Getenv("CLAUDE_API_KEY_2")), RPM: 60, TPM: 80000},
+			Cred: llm.Credential{APIKey: secret.New(os.Getenv("CLAUDE_API_KEY_2"))}, RPM: 60, TPM: 80000},
 	}}, logger)
 	if err != nil {
 		logger.Error("key pool", "err", err)
@@ -77,7 +77,7 @@ func call(ctx context.Context, pool *keypool.Pool, client llm.Client, route llm.
 		}
 	}
 	defer pool.Release(ctx, lease) // no-op once settled
-	res, err := client.Complete(ctx, lease.APIKey, req)
+	res, err := client.Complete(ctx, lease.Cred, req)
 	if err != nil {
 		_ = pool.Failure(ctx, lease, actionFor(err), err)
 		return err

@@ -12,7 +12,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"bulwark/pkg/llm"
-	"bulwark/pkg/secret"
 )
 
 // Defaults for the zero fields of Config.
@@ -94,9 +93,12 @@ type Key struct {
 	Provider llm.Provider
 	// Tier is the model tier the key serves, e.g. "sonnet" or "gpt4o-mini".
 	Tier string
-	// APIKey is the credential. It stays in process memory: it is never
-	// written to Redis, logged or returned by Snapshot.
-	APIKey secret.String
+	// Cred is what a call on the key is made with (its APIKey, or a
+	// Bedrock region, an Azure deployment). It stays in process memory:
+	// the secret is never written to Redis, logged or returned by
+	// Snapshot. Which fields a key needs is its provider's business
+	// (pkg/config checks them).
+	Cred llm.Credential
 	// RPM is the requests-per-minute limit (> 0). The request bucket holds
 	// the window's share of it (at least one request) and refills at the
 	// per-minute rate, both times Config.Pace (see the package doc,
@@ -147,6 +149,7 @@ type Config struct {
 	Pace float64
 }
 
+// WithDefaults returns c with its zero fields set to their defaults.
 func (c Config) WithDefaults() Config {
 	if c.Prefix == "" {
 		c.Prefix = PrefixDefault
@@ -178,6 +181,7 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
+// Validate reports the first field of c (defaults applied) out of range.
 func (c Config) Validate() error {
 	if len(c.Keys) == 0 {
 		return errors.New("keypool: Config.Keys is empty")
@@ -208,11 +212,9 @@ func (c Config) Validate() error {
 		case seen[k.ID]:
 			return fmt.Errorf("keypool: Config.Keys[%d].ID %q is a duplicate", i, k.ID)
 		case !k.Provider.Valid():
-			return fmt.Errorf("keypool: Config.Keys[%d] (%s).Provider %q is not claude or openai", i, k.ID, k.Provider)
+			return fmt.Errorf("keypool: Config.Keys[%d] (%s).Provider %q is not a provider name", i, k.ID, k.Provider)
 		case k.Tier == "":
 			return fmt.Errorf("keypool: Config.Keys[%d] (%s).Tier is empty", i, k.ID)
-		case k.APIKey.IsZero():
-			return fmt.Errorf("keypool: Config.Keys[%d] (%s).APIKey is empty", i, k.ID)
 		case k.RPM <= 0:
 			return fmt.Errorf("keypool: Config.Keys[%d] (%s).RPM must be > 0, got %d", i, k.ID, k.RPM)
 		case k.TPM <= 0:
@@ -330,8 +332,8 @@ type Lease struct {
 	ID    string
 	KeyID string
 	Route llm.Route
-	// APIKey is the credential to call with. It prints redacted.
-	APIKey secret.String
+	// Cred is the credential to call with; its APIKey prints redacted.
+	Cred llm.Credential
 	// EstTokens is the number of tokens reserved.
 	EstTokens int
 	// GrantedAt is the Redis time of the grant.

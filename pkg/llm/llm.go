@@ -14,17 +14,54 @@ import (
 	"bulwark/pkg/secret"
 )
 
-// Provider names a provider family. The closed set is ProviderClaude and
-// ProviderOpenAI.
+// Provider names a configured provider (a key of config.yaml's providers):
+// "claude", "openai", "bedrock", "azure", "local", or any name an operator
+// gives one. Which wire format and adapter it uses is its kind, in the
+// configuration; nothing outside the adapters knows a wire format.
 type Provider string
 
+// The providers of the design document's two families, by their usual
+// names.
 const (
 	ProviderClaude Provider = "claude"
 	ProviderOpenAI Provider = "openai"
 )
 
-// Valid reports whether p is a known provider.
-func (p Provider) Valid() bool { return p == ProviderClaude || p == ProviderOpenAI }
+// Valid reports whether p has the shape of a provider name: 1 to 32 of
+// a-z, 0-9 and '-', starting with a letter (it appears in routes, URLs,
+// metric labels and Redis keys).
+func (p Provider) Valid() bool {
+	if len(p) == 0 || len(p) > 32 || p[0] < 'a' || p[0] > 'z' {
+		return false
+	}
+	for _, c := range []byte(p) {
+		if (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '-' {
+			return false
+		}
+	}
+	return true
+}
+
+// Credential is what one call is made with: a key of the pool and where it
+// calls. Each adapter uses the fields its provider needs.
+type Credential struct {
+	// KeyID names the key (logs, metrics); it is not secret.
+	KeyID string
+	// APIKey is the provider's key (or bearer token). Empty for a provider
+	// that signs with credentials of its own (Bedrock: the AWS chain).
+	APIKey secret.String
+	// Region is a Bedrock key's AWS region.
+	Region string
+	// Profile is a Bedrock key's shared-config profile ("": the default
+	// credential chain: environment, shared config, role).
+	Profile string
+	// Endpoint, when set, replaces the provider's base URL for this key
+	// (an Azure resource of its own).
+	Endpoint string
+	// Deployment, when set, replaces the tier's deployment for this key
+	// (an Azure PTU deployment).
+	Deployment string
+}
 
 // Route is a (provider, model tier) pair, e.g. claude/sonnet.
 type Route struct {
@@ -182,6 +219,6 @@ type Result struct {
 type Client interface {
 	// Provider returns the provider this client talks to.
 	Provider() Provider
-	// Complete sends req with apiKey. A failure is an *Error (errors.As).
-	Complete(ctx context.Context, apiKey secret.String, req *Request) (*Result, error)
+	// Complete sends req with cred. A failure is an *Error (errors.As).
+	Complete(ctx context.Context, cred Credential, req *Request) (*Result, error)
 }

@@ -55,6 +55,7 @@ type Config struct {
 	Prefix string
 }
 
+// WithDefaults returns c with its zero fields set to their defaults.
 func (c Config) WithDefaults() Config {
 	if c.Total == 0 {
 		c.Total = TotalDefault
@@ -74,6 +75,7 @@ func (c Config) WithDefaults() Config {
 	return c
 }
 
+// Validate reports the first field of c (defaults applied) out of range.
 func (c Config) Validate() error {
 	switch {
 	case c.Total < 1:

@@ -29,7 +29,6 @@ import (
 
 	"bulwark/pkg/llm"
 	"bulwark/pkg/provider"
-	"bulwark/pkg/secret"
 )
 
 const (
@@ -121,7 +120,8 @@ func (c *Client) Provider() llm.Provider { return llm.ProviderClaude }
 // Retry-After and the rate-limit headers; a connection failure or
 // Config.Timeout is transient. When ctx ends first, the error wraps ctx's
 // error (errors.Is(err, context.Canceled)) and is not an *llm.Error.
-func (c *Client) Complete(ctx context.Context, apiKey secret.String, req *llm.Request) (*llm.Result, error) {
+func (c *Client) Complete(ctx context.Context, cred llm.Credential, req *llm.Request) (*llm.Result, error) {
+	apiKey := cred.APIKey
 	if c.err != nil {
 		return nil, c.err
 	}

@@ -42,7 +42,6 @@ import (
 
 	"bulwark/pkg/llm"
 	"bulwark/pkg/provider"
-	"bulwark/pkg/secret"
 )
 
 const (
@@ -128,7 +127,8 @@ func (c *Client) Provider() llm.Provider { return llm.ProviderOpenAI }
 // connection failure or Config.Timeout is transient. When ctx ends first,
 // the error wraps ctx's error (errors.Is(err, context.Canceled)) and is not
 // an *llm.Error.
-func (c *Client) Complete(ctx context.Context, apiKey secret.String, req *llm.Request) (*llm.Result, error) {
+func (c *Client) Complete(ctx context.Context, cred llm.Credential, req *llm.Request) (*llm.Result, error) {
+	apiKey := cred.APIKey
 	if c.err != nil {
 		return nil, c.err
 	}

@@ -23,7 +23,7 @@ func ExampleClient_Complete() {
 	defer srv.Close()
 
 	client := openai.New(openai.Config{BaseURL: srv.URL}, srv.Client())
-	_, err := client.Complete(context.Background(), secret.New("sk-test"), &llm.Request{
+	_, err := client.Complete(context.Background(), llm.Credential{APIKey: secret.New("sk-test")}, &llm.Request{
 		Model:    "gpt-4o-mini",
 		Messages: []llm.Message{{Role: llm.RoleUser, Content: []llm.Block{{Type: llm.BlockText, Text: "hi"}}}},
 	})

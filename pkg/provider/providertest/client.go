@@ -137,7 +137,7 @@ func (h *Harness) testClient(t *testing.T) {
 				_, req, _ := h.Wire.DecodeRequest(body)
 				seen <- received{r.Header.Get("User-Agent"), req}
 			})
-			if _, err := c.Complete(t.Context(), secret.New("key-0"), want); err != nil {
+			if _, err := c.Complete(t.Context(), llm.Credential{APIKey: secret.New("key-0")}, want); err != nil {
 				t.Fatal(err)
 			}
 			got := <-seen
@@ -159,7 +159,7 @@ func (h *Harness) testClient(t *testing.T) {
 			}
 			c := h.serve(t, "key-1", answer{status: http.StatusOK, body: body, header: h.RateLimit.Header})
 			before := time.Now()
-			res, err := c.Complete(t.Context(), secret.New("key-1"), request())
+			res, err := c.Complete(t.Context(), llm.Credential{APIKey: secret.New("key-1")}, request())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -318,7 +318,7 @@ func (h *Harness) testErrors(t *testing.T) {
 // failure calls c with key and returns the *llm.Error it must fail with.
 func failure(t *testing.T, c llm.Client, key string) *llm.Error {
 	t.Helper()
-	_, err := c.Complete(t.Context(), secret.New(key), request())
+	_, err := c.Complete(t.Context(), llm.Credential{APIKey: secret.New(key)}, request())
 	var pe *llm.Error
 	if !errors.As(err, &pe) {
 		t.Fatalf("error %v is not an *llm.Error", err)
@@ -331,7 +331,7 @@ func failure(t *testing.T, c llm.Client, key string) *llm.Error {
 // still holds meaning.
 func (h *Harness) checkNoLeak(t *testing.T, c llm.Client, key string, secrets []string, meaning string) {
 	t.Helper()
-	_, err := c.Complete(t.Context(), secret.New(key), request())
+	_, err := c.Complete(t.Context(), llm.Credential{APIKey: secret.New(key)}, request())
 	var pe *llm.Error
 	if !errors.As(err, &pe) || pe.Class != llm.ClassAuth {
 		t.Fatalf("error %v, want an auth *llm.Error", err)
@@ -353,7 +353,7 @@ func (h *Harness) testTransport(t *testing.T) {
 		t.Parallel()
 		srv := wiretest.Hang(t)
 		c := h.New(Config{BaseURL: srv.URL, Timeout: 50 * time.Millisecond}, srv.Client())
-		_, err := c.Complete(t.Context(), secret.New("k"), request())
+		_, err := c.Complete(t.Context(), llm.Credential{APIKey: secret.New("k")}, request())
 		if class, ok := llm.ClassOf(err); !ok || class != llm.ClassTransient {
 			t.Fatalf("error %v: class %s, want transient", err, class)
 		}
@@ -365,7 +365,7 @@ func (h *Harness) testTransport(t *testing.T) {
 	t.Run("caller cancel is the context error", func(t *testing.T) {
 		t.Parallel()
 		srv, ctx := wiretest.CancelWhenIn(t, nil)
-		_, err := h.New(Config{BaseURL: srv.URL}, srv.Client()).Complete(ctx, secret.New("k"), request())
+		_, err := h.New(Config{BaseURL: srv.URL}, srv.Client()).Complete(ctx, llm.Credential{APIKey: secret.New("k")}, request())
 		if !errors.Is(err, context.Canceled) {
 			t.Fatalf("error %v, want context.Canceled", err)
 		}
@@ -379,7 +379,7 @@ func (h *Harness) testTransport(t *testing.T) {
 		srv := httptest.NewServer(http.NotFoundHandler())
 		url := srv.URL
 		srv.Close()
-		_, err := h.New(Config{BaseURL: url}, nil).Complete(t.Context(), secret.New("k"), request())
+		_, err := h.New(Config{BaseURL: url}, nil).Complete(t.Context(), llm.Credential{APIKey: secret.New("k")}, request())
 		if class, ok := llm.ClassOf(err); !ok || class != llm.ClassTransient {
 			t.Fatalf("error %v: class %s, want transient", err, class)
 		}
@@ -395,7 +395,7 @@ func (h *Harness) testTransport(t *testing.T) {
 			http.Redirect(w, r, elsewhere.URL+h.Path, http.StatusTemporaryRedirect)
 		}))
 		t.Cleanup(srv.Close)
-		_, err := h.New(Config{BaseURL: srv.URL}, srv.Client()).Complete(t.Context(), secret.New("k"), request())
+		_, err := h.New(Config{BaseURL: srv.URL}, srv.Client()).Complete(t.Context(), llm.Credential{APIKey: secret.New("k")}, request())
 		var pe *llm.Error
 		if !errors.As(err, &pe) || pe.Status != http.StatusTemporaryRedirect || pe.Class != llm.ClassTransient {
 			t.Fatalf("error %v, want a transient *llm.Error with status 307", err)
@@ -405,7 +405,7 @@ func (h *Harness) testTransport(t *testing.T) {
 	t.Run("unreadable 200 is transient", func(t *testing.T) {
 		t.Parallel()
 		c := h.serve(t, "k", answer{status: 200, body: []byte("<html>maintenance</html>")})
-		_, err := c.Complete(t.Context(), secret.New("k"), request())
+		_, err := c.Complete(t.Context(), llm.Credential{APIKey: secret.New("k")}, request())
 		if class, _ := llm.ClassOf(err); class != llm.ClassTransient {
 			t.Fatalf("error %v: class %s, want transient", err, class)
 		}
@@ -413,7 +413,7 @@ func (h *Harness) testTransport(t *testing.T) {
 
 	t.Run("a key with a newline is an auth failure, not a connection error", func(t *testing.T) {
 		t.Parallel()
-		_, err := h.New(Config{}, nil).Complete(t.Context(), secret.New("abc\n"), request())
+		_, err := h.New(Config{}, nil).Complete(t.Context(), llm.Credential{APIKey: secret.New("abc\n")}, request())
 		if class, _ := llm.ClassOf(err); class != llm.ClassAuth {
 			t.Fatalf("error %v: class %s, want auth", err, class)
 		}
@@ -421,7 +421,7 @@ func (h *Harness) testTransport(t *testing.T) {
 
 	t.Run("invalid config fails every call", func(t *testing.T) {
 		t.Parallel()
-		_, err := h.New(Config{BaseURL: "ftp://x", Timeout: -1}, nil).Complete(t.Context(), secret.New("k"), request())
+		_, err := h.New(Config{BaseURL: "ftp://x", Timeout: -1}, nil).Complete(t.Context(), llm.Credential{APIKey: secret.New("k")}, request())
 		if field := h.ConfigName + ".BaseURL"; err == nil || !strings.Contains(err.Error(), field) {
 			t.Fatalf("error %v, want one naming %s", err, field)
 		}

@@ -45,7 +45,7 @@ func (h *Harness) testMock(t *testing.T) {
 		const rpm, tpm = 600, 100000
 		_, c := h.startMock(t, mockprovider.Config{DefaultLimits: mockprovider.Limits{RPM: rpm, TPM: tpm}}, 0)
 		prompt := "Why did OTA batch 42 fail on half the fleet?"
-		res, err := c.Complete(t.Context(), secret.New("sk-mock-text"), &llm.Request{
+		res, err := c.Complete(t.Context(), llm.Credential{APIKey: secret.New("sk-mock-text")}, &llm.Request{
 			Model: "mock-model", MaxTokens: 256, System: "Be brief.", Messages: []llm.Message{userText(prompt)},
 		})
 		if err != nil {
@@ -76,7 +76,7 @@ func (h *Harness) testMock(t *testing.T) {
 			Tools:    []llm.Tool{{Name: "fetch_ota_log", InputSchema: schema}, {Name: "lookup_error_code", InputSchema: schema}},
 			Messages: []llm.Message{userText(prompt)},
 		}
-		res, err := c.Complete(t.Context(), key, req)
+		res, err := c.Complete(t.Context(), llm.Credential{APIKey: key}, req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -105,7 +105,7 @@ func (h *Harness) testMock(t *testing.T) {
 		req.Messages = append(req.Messages,
 			llm.Message{Role: llm.RoleAssistant, Content: calls},
 			llm.Message{Role: llm.RoleUser, Content: results})
-		res, err = c.Complete(t.Context(), key, req)
+		res, err = c.Complete(t.Context(), llm.Credential{APIKey: key}, req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -148,7 +148,7 @@ func (h *Harness) testMock(t *testing.T) {
 				t.Errorf("message %q: leaks the key or lacks %q", pe.Message, tt.message)
 			}
 			// The fault was used up: the next call is answered.
-			if _, err := c.Complete(t.Context(), secret.New(key), request()); err != nil {
+			if _, err := c.Complete(t.Context(), llm.Credential{APIKey: secret.New(key)}, request()); err != nil {
 				t.Errorf("call after the fault: %v", err)
 			}
 		})
@@ -160,7 +160,7 @@ func (h *Harness) testMock(t *testing.T) {
 		if err := srv.SetFault(mockprovider.Fault{Provider: h.Mock, Mode: mockprovider.FaultTimeout}); err != nil {
 			t.Fatal(err)
 		}
-		_, err := c.Complete(t.Context(), secret.New("sk-mock-hang"), request())
+		_, err := c.Complete(t.Context(), llm.Credential{APIKey: secret.New("sk-mock-hang")}, request())
 		if class, ok := llm.ClassOf(err); !ok || class != llm.ClassTransient || errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("error %v: class %s, want transient and not the caller's deadline", err, class)
 		}
@@ -179,7 +179,7 @@ func (h *Harness) testMock(t *testing.T) {
 		// 60 RPM over the default 1 s window: one call, then one a second.
 		const rpm = 60
 		_, c := h.startMock(t, mockprovider.Config{DefaultLimits: mockprovider.Limits{RPM: rpm}}, 0)
-		if _, err := c.Complete(t.Context(), secret.New("sk-mock-bucket"), request()); err != nil {
+		if _, err := c.Complete(t.Context(), llm.Credential{APIKey: secret.New("sk-mock-bucket")}, request()); err != nil {
 			t.Fatal(err)
 		}
 		pe := failure(t, c, "sk-mock-bucket")
