@@ -41,8 +41,11 @@ func (c *Config) QueueConfig() queue.Config {
 func (c *Config) KeypoolConfig() keypool.Config {
 	keys := make([]keypool.Key, 0, len(c.Keys))
 	for _, k := range c.Keys {
-		keys = append(keys, keypool.Key{ID: k.ID, Provider: k.Provider, Tier: k.ModelTier, Cred: llm.Credential{KeyID: k.ID, APIKey: k.APIKey},
-			RPM: k.RPMLimit, TPM: k.TPMLimit, MaxInFlight: k.MaxInFlight, Window: k.BurstWindow})
+		rpm, tpm := keyLimits(k)
+		keys = append(keys, keypool.Key{ID: k.ID, Provider: k.Provider, Tier: k.ModelTier,
+			Cred: llm.Credential{KeyID: k.ID, APIKey: k.APIKey, Region: k.Region, Profile: k.Profile,
+				Endpoint: k.Endpoint, Deployment: k.Deployment},
+			RPM: rpm, TPM: tpm, MaxInFlight: k.MaxInFlight, Window: k.BurstWindow, Preferred: k.PTU})
 	}
 	return keypool.Config{Keys: keys, Prefix: c.Redis.Keyspace().Keypool(), LeaseTTL: KeyLeaseDefault}
 }
@@ -95,8 +98,9 @@ func (c *Config) HTTPConfig() httpapi.Config {
 		SyncTimeout: s.SyncTimeout, WriteTimeout: s.WriteTimeout, StreamMaxLifetime: s.StreamMaxLifetime}
 }
 
-// KeyCapacity is the requests per second all keys together carry at the
-// pool's pace: the drain rate a backlog cannot beat.
+// KeyCapacity is the requests per second all metered keys together carry
+// at the pool's pace: the drain rate a backlog cannot beat. (An unmetered
+// local key's rate is its concurrency over its latency, unknown here.)
 func (c *Config) KeyCapacity() float64 {
 	rpm := 0
 	for _, k := range c.Keys {
@@ -185,7 +189,7 @@ func (c *Config) IntakeConfig() intake.Config {
 		layers[l] = true
 	}
 	s := c.Server
-	return intake.Config{Routes: routes, Fallback: c.FallbackOf, MaxWait: c.Queue.MaxWait,
+	return intake.Config{Routes: routes, RouteOrder: c.RouteOrder, MaxWait: c.Queue.MaxWait,
 		MaxPromptChars: s.MaxPromptChars, MaxTokensLimit: s.MaxTokensLimit, DefaultMaxTokens: s.DefaultMaxTokens,
 		Layers: layers, DefaultLayer: c.Cache.DefaultLayer}
 }

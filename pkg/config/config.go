@@ -45,9 +45,16 @@ type Config struct {
 	Log       Log                          `yaml:"log"`
 	Providers map[llm.Provider]ProviderCfg `yaml:"providers"`
 	Keys      []Key                        `yaml:"keys"`
-	// Fallback maps a route ("claude/sonnet") to its equivalent route of the
-	// other provider ("openai/gpt4o").
-	Fallback map[string]string `yaml:"fallback"`
+	// Fallback maps a route ("claude/sonnet") to the routes tried after it,
+	// in order: one ("openai/gpt4o") or a chain
+	// ([bedrock/sonnet, openai/gpt4o]). Each has its own keys and breaker;
+	// requests are translated for each as for any route.
+	Fallback map[string]Routes `yaml:"fallback"`
+	// Routing sends some requests to another route first, with their own
+	// route (and its fallbacks) after it: e.g. the router layer's calls to
+	// a local model, the cloud tier behind it. The first rule that matches
+	// applies.
+	Routing []RoutingRule `yaml:"routing"`
 	// Models maps model names a client may send on the compat endpoints
 	// ("gpt-4o", "claude-sonnet-4-5") to routes. "provider/tier" names are
 	// always accepted, and each tier's concrete model name maps to its route.
@@ -169,11 +176,25 @@ type Log struct {
 
 // ProviderCfg configures one provider's endpoint and tiers.
 type ProviderCfg struct {
-	// BaseURL of the API (proxies and gateways welcome). Required.
+	// Kind is the provider's API: anthropic, openai, bedrock (Claude on AWS
+	// Bedrock), azure (Azure OpenAI) or local (an OpenAI-compatible server:
+	// vLLM, Ollama, llama.cpp). Default: the provider's name when it is one
+	// of those, and anthropic for "claude".
+	Kind string `yaml:"kind"`
+	// BaseURL of the API (proxies and gateways welcome). Required, except
+	// for bedrock (default https://bedrock-runtime.<key's region>.amazonaws.com).
+	// For azure, the resource endpoint (https://<resource>.openai.azure.com).
 	BaseURL string `yaml:"base_url"`
+	// APIVersion is Azure OpenAI's api-version. Default the adapter's.
+	APIVersion string `yaml:"api_version"`
+	// Auth is how Azure keys authenticate: api-key (default: keys[].api_key
+	// in the api-key header) or entra (a Microsoft Entra ID bearer token
+	// from the environment's Azure credential chain; keys need no api_key).
+	Auth string `yaml:"auth"`
 	// Timeout of one call. Default 120s.
 	Timeout time.Duration `yaml:"timeout"`
-	// Tiers maps a tier name ("sonnet") to the provider's model name.
+	// Tiers maps a tier name ("sonnet") to the provider's model name: the
+	// Bedrock model (or inference profile) id, the Azure deployment name.
 	Tiers map[string]string `yaml:"tiers"`
 	// BurstWindow is the share of a key's per-minute limits the provider
 	// lets through at once: providers meter in short windows ("60 RPM may
@@ -184,14 +205,36 @@ type ProviderCfg struct {
 
 // Key is one provider key of the pool (design document 5.3).
 type Key struct {
-	ID        string        `yaml:"id"`
-	Provider  llm.Provider  `yaml:"provider"`
-	ModelTier string        `yaml:"model_tier"`
-	APIKey    secret.String `yaml:"api_key"`
-	RPMLimit  int           `yaml:"rpm_limit"`
-	TPMLimit  int           `yaml:"tpm_limit"`
+	ID        string       `yaml:"id"`
+	Provider  llm.Provider `yaml:"provider"`
+	ModelTier string       `yaml:"model_tier"`
+	// APIKey is the provider's key. Required for anthropic, openai and
+	// azure with api-key auth; optional for local; none for bedrock.
+	APIKey secret.String `yaml:"api_key"`
+	// RPMLimit and TPMLimit are the key's per-minute limits (> 0). A local
+	// key may leave them 0 (unmetered): MaxInFlight bounds it instead.
+	RPMLimit int `yaml:"rpm_limit"`
+	TPMLimit int `yaml:"tpm_limit"`
 	// MaxInFlight limits concurrent calls on this key; 0 = no limit.
+	// Required for local keys: a local server's limit is concurrency.
 	MaxInFlight int `yaml:"max_in_flight"`
+	// Region is a bedrock key's AWS region (its own quota). Required for
+	// bedrock.
+	Region string `yaml:"region"`
+	// Profile is a bedrock key's shared-config profile (another account);
+	// empty: the default credential chain (environment, shared config,
+	// instance or task role).
+	Profile string `yaml:"profile"`
+	// Endpoint is an azure key's own resource endpoint, when it is not the
+	// provider's base_url.
+	Endpoint string `yaml:"endpoint"`
+	// Deployment is an azure key's own deployment of the tier (e.g. a PTU
+	// deployment), when it is not the tier's.
+	Deployment string `yaml:"deployment"`
+	// PTU marks an azure key whose deployment is provisioned throughput:
+	// the pool prefers it while it has room, and its 429 means the
+	// provisioned capacity is full (a short wait, not a key fault).
+	PTU bool `yaml:"ptu"`
 	// BurstWindow overrides the provider's burst_window for this key.
 	BurstWindow time.Duration `yaml:"burst_window"`
 }
@@ -388,4 +431,32 @@ func Parse(doc []byte, lookup func(string) (string, bool)) (*Config, error) {
 		return nil, err
 	}
 	return &c, nil
+}
+
+// RoutingRule sends the requests it matches to Route first.
+type RoutingRule struct {
+	// Layer matches requests of this cache layer ("router").
+	Layer string `yaml:"layer"`
+	// From matches requests asking this route ("claude/haiku").
+	From string `yaml:"from"`
+	// Route is tried first ("local/qwen"); the request's own route and
+	// its fallbacks follow.
+	Route string `yaml:"route"`
+}
+
+// Routes is one route or a list of them in the file.
+type Routes []string
+
+// UnmarshalYAML accepts "claude/sonnet" or [claude/sonnet, openai/gpt4o].
+func (r *Routes) UnmarshalYAML(value *yaml.Node) error {
+	if value.Kind == yaml.ScalarNode {
+		*r = Routes{value.Value}
+		return nil
+	}
+	var list []string
+	if err := value.Decode(&list); err != nil {
+		return err
+	}
+	*r = list
+	return nil
 }

@@ -1,6 +1,7 @@
 package config_test
 
 import (
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -37,8 +38,8 @@ func TestRepoConfigLoads(t *testing.T) {
 	if c.Cache.TTL["router"] != 24*time.Hour || c.Cache.Threshold != 0.95 {
 		t.Errorf("cache: %+v", c.Cache)
 	}
-	if fb, ok := c.FallbackOf(llm.Route{Provider: "claude", Tier: "sonnet"}); !ok || fb.String() != "openai/gpt4o" {
-		t.Errorf("fallback of claude/sonnet = %v", fb)
+	if order := c.RouteOrder(llm.Route{Provider: "claude", Tier: "sonnet"}, "agent"); len(order) != 2 || order[1].String() != "openai/gpt4o" {
+		t.Errorf("routes of claude/sonnet = %v", order)
 	}
 	if got := c.Keys[0].APIKey.Reveal(); got != "ck1" {
 		t.Errorf("key from the environment = %q", got)
@@ -61,6 +62,27 @@ keys:
   - {id: k1, provider: claude, model_tier: sonnet, api_key: "${K1}", rpm_limit: 1, tpm_limit: 1}
 `
 
+// withProvider adds a provider (one YAML line under providers) and keys to
+// minimal.
+func withProvider(provider, keys string) string {
+	return strings.Replace(minimal, "providers:\n", "providers:\n"+provider+"\n", 1) + keys + "\n"
+}
+
+func bedrock() string {
+	return withProvider(`  bedrock: {tiers: {sonnet: anthropic.claude-sonnet-v1}}`,
+		`  - {id: b1, provider: bedrock, model_tier: sonnet, region: us-east-1, rpm_limit: 5, tpm_limit: 5000}`)
+}
+
+func local() string {
+	return withProvider(`  local: {base_url: "http://127.0.0.1:11434", tiers: {qwen: "qwen2.5:7b"}}`,
+		`  - {id: l1, provider: local, model_tier: qwen, max_in_flight: 4}`)
+}
+
+func azure(auth string) string {
+	return withProvider(`  azure: {base_url: "https://res.openai.azure.com", auth: `+auth+`, tiers: {gpt4o: gpt4o-deploy}}`,
+		`  - {id: z1, provider: azure, model_tier: gpt4o, api_key: k, deployment: gpt4o-ptu, ptu: true, rpm_limit: 1, tpm_limit: 1}`)
+}
+
 func TestValidation(t *testing.T) {
 	t.Parallel()
 	const secretVal = "sk-ant-SECRET-123"
@@ -82,8 +104,24 @@ func TestValidation(t *testing.T) {
 			map[string]string{"K1": secretVal}, `keys[1].model_tier: tier "opus" is not configured`},
 		{"fallback to unknown tier", minimal + "fallback: {claude/sonnet: openai/gpt5}", map[string]string{"K1": secretVal},
 			`fallback.claude/sonnet: falls back to unknown route "openai/gpt5"`},
-		{"fallback same provider", strings.Replace(minimal, "tiers: {sonnet: m1}", "tiers: {sonnet: m1, haiku: m3}", 1) + "fallback: {claude/sonnet: claude/haiku}",
-			map[string]string{"K1": secretVal}, "must fall back to the other provider"},
+		{"fallback to itself", minimal + "fallback: {claude/sonnet: [openai/gpt4o, claude/sonnet]}",
+			map[string]string{"K1": secretVal}, `fallback.claude/sonnet: names "claude/sonnet" twice (or falls back to itself)`},
+		{"fallback chain", bedrock() + "fallback: {claude/sonnet: [bedrock/sonnet, openai/gpt4o]}", map[string]string{"K1": secretVal}, ""},
+		{"routing rule", local() + "routing: [{layer: router, route: local/qwen}]", map[string]string{"K1": secretVal}, ""},
+		{"routing rule without a match", local() + "routing: [{route: local/qwen}]", map[string]string{"K1": secretVal}, "routing[0]: set one of layer and from"},
+		{"routing to an unknown route", minimal + "routing: [{from: claude/sonnet, route: local/qwen}]", map[string]string{"K1": secretVal}, `routing[0].route: unknown route "local/qwen"`},
+		{"bedrock key without region", strings.Replace(bedrock(), "region: us-east-1, ", "", 1), map[string]string{"K1": secretVal}, "keys[1].region: is required for a bedrock key"},
+		{"bedrock key with an api key", strings.Replace(bedrock(), "region: us-east-1,", "region: us-east-1, api_key: x,", 1), map[string]string{"K1": secretVal}, "keys[1].api_key: must be empty for a bedrock key"},
+		{"local key without concurrency", strings.Replace(local(), "max_in_flight: 4", "max_in_flight: 0", 1), map[string]string{"K1": secretVal}, "keys[1].max_in_flight: is required for a local key"},
+		{"region on an anthropic key", minimal + "  - {id: k9, provider: claude, model_tier: sonnet, api_key: k, rpm_limit: 1, tpm_limit: 1, region: eu-west-1}",
+			map[string]string{"K1": secretVal}, "keys[1]: region and profile are for bedrock keys"},
+		{"azure ptu key", azure("api-key"), map[string]string{"K1": secretVal}, ""},
+		{"azure entra without a key", strings.Replace(azure("entra"), "api_key: k, ", "", 1), map[string]string{"K1": secretVal}, ""},
+		{"azure api-key auth without a key", strings.Replace(azure("api-key"), "api_key: k, ", "", 1), map[string]string{"K1": secretVal}, "keys[1].api_key: is required"},
+		{"azure bad auth", azure("password"), map[string]string{"K1": secretVal}, `providers.azure.auth: must be api-key or entra, not "password"`},
+		{"ptu on an openai key", minimal + "  - {id: o1, provider: openai, model_tier: gpt4o, api_key: k, rpm_limit: 1, tpm_limit: 1, ptu: true}",
+			map[string]string{"K1": secretVal}, "keys[1]: endpoint, deployment and ptu are for azure keys"},
+		{"unknown kind", strings.Replace(minimal, `claude: {base_url`, `claude: {kind: gemini, base_url`, 1), map[string]string{"K1": secretVal}, `providers.claude.kind: must be anthropic, openai, bedrock, azure or local, not "gemini"`},
 		{"unknown key", minimal + "bogus: 1", map[string]string{"K1": secretVal}, "field bogus not found"},
 		{"reserves too big", minimal + "queue: {max_concurrent_llm_calls: 5}", map[string]string{"K1": secretVal}, "queue.reserved: reserves sum to 20"},
 		{"bad priority", minimal + "queue: {reserved: {urgent: 1}}", map[string]string{"K1": secretVal}, "invalid priority"},
@@ -148,5 +186,34 @@ func TestExpandDefault(t *testing.T) {
 	}
 	if c.Keys[0].APIKey.Reveal() != "fallback-key" {
 		t.Fatalf("got %q", c.Keys[0].APIKey.Reveal())
+	}
+}
+
+// The routes a request tries: a matching routing rule's first (by layer or
+// by asked route), then the asked route, then its fallback chain, each once.
+func TestRouteOrder(t *testing.T) {
+	t.Parallel()
+	doc := strings.Replace(local(), "providers:\n", "providers:\n  bedrock: {tiers: {sonnet: anthropic.claude-sonnet-v1}}\n", 1) +
+		"  - {id: b1, provider: bedrock, model_tier: sonnet, region: us-east-1, rpm_limit: 5, tpm_limit: 5000}\n" +
+		"fallback: {claude/sonnet: [bedrock/sonnet, openai/gpt4o], local/qwen: claude/sonnet}\n" +
+		"routing: [{layer: router, route: local/qwen}, {from: openai/gpt4o, route: local/qwen}]\n"
+	c, err := config.Parse([]byte(doc), env(map[string]string{"K1": "k"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sonnet := llm.Route{Provider: "claude", Tier: "sonnet"}
+	for _, tt := range []struct {
+		asked llm.Route
+		layer string
+		want  string
+	}{
+		{sonnet, "agent", "[claude/sonnet bedrock/sonnet openai/gpt4o]"},
+		{sonnet, "router", "[local/qwen claude/sonnet bedrock/sonnet openai/gpt4o]"},
+		{llm.Route{Provider: "openai", Tier: "gpt4o"}, "agent", "[local/qwen openai/gpt4o]"},
+		{llm.Route{Provider: "local", Tier: "qwen"}, "router", "[local/qwen claude/sonnet]"},
+	} {
+		if got := fmt.Sprint(c.RouteOrder(tt.asked, tt.layer)); got != tt.want {
+			t.Errorf("RouteOrder(%s, %s) = %s, want %s", tt.asked, tt.layer, got, tt.want)
+		}
 	}
 }

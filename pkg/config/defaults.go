@@ -122,6 +122,10 @@ func (c *Config) setDefaults() {
 	orDefault(&c.Log.Level, "info")
 
 	for name, p := range c.Providers {
+		orDefault(&p.Kind, defaultKind(string(name)))
+		if p.Kind == KindAzure {
+			orDefault(&p.Auth, AuthAPIKey)
+		}
 		orDefault(&p.Timeout, ProviderTimeoutDefault)
 		orDefault(&p.BurstWindow, BurstWindowDefault)
 		c.Providers[name] = p

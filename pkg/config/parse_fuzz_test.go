@@ -159,13 +159,18 @@ func checkConfig(t *testing.T, c *config.Config) {
 		t.Fatal("no route or no key")
 	}
 	for i, k := range c.Keys {
-		if !routes[llm.Route{Provider: k.Provider, Tier: k.ModelTier}] || k.APIKey.IsZero() || k.RPMLimit <= 0 || k.TPMLimit <= 0 {
+		if !routes[llm.Route{Provider: k.Provider, Tier: k.ModelTier}] || k.RPMLimit < 0 || k.TPMLimit < 0 {
 			t.Fatalf("keys[%d] %q: unusable", i, k.ID)
 		}
 	}
 	for r := range routes {
-		if fb, ok := c.FallbackOf(r); ok && (!routes[fb] || fb.Provider == r.Provider) {
-			t.Fatalf("%v falls back to %v", r, fb)
+		order := c.RouteOrder(r, "")
+		seen := map[llm.Route]bool{}
+		for _, to := range order {
+			if !routes[to] || seen[to] {
+				t.Fatalf("%v tries %v", r, order)
+			}
+			seen[to] = true
 		}
 	}
 	for name, to := range c.Models {

@@ -58,9 +58,20 @@ func (c *Config) validate() error {
 			add(field, "%q is not a provider name (1-32 of a-z, 0-9, '-', starting with a letter)", name)
 			continue
 		}
-		if msg := checkBaseURL(p.BaseURL); msg != "" {
-			// The message never quotes the URL: it may carry a secret.
-			add(field+".base_url", "%s", msg)
+		if !knownKind(p.Kind) {
+			add(field+".kind", "must be anthropic, openai, bedrock, azure or local, not %q", p.Kind)
+		}
+		if p.BaseURL != "" || p.Kind != KindBedrock {
+			if msg := checkBaseURL(p.BaseURL); msg != "" {
+				// The message never quotes the URL: it may carry a secret.
+				add(field+".base_url", "%s", msg)
+			}
+		}
+		if p.Kind == KindAzure && p.Auth != AuthAPIKey && p.Auth != AuthEntra {
+			add(field+".auth", "must be api-key or entra, not %q", p.Auth)
+		}
+		if p.Kind != KindAzure && (p.APIVersion != "" || p.Auth != "") {
+			add(field, "api_version and auth are for kind azure")
 		}
 		if len(p.Tiers) == 0 {
 			add(field+".tiers", "at least one tier is required")
@@ -87,15 +98,7 @@ func (c *Config) validate() error {
 		} else if !routes[llm.Route{Provider: k.Provider, Tier: k.ModelTier}.String()] {
 			add(field+".model_tier", "tier %q is not configured under providers.%s.tiers", k.ModelTier, k.Provider)
 		}
-		if k.APIKey.IsZero() {
-			add(field+".api_key", "is required")
-		}
-		if k.RPMLimit <= 0 {
-			add(field+".rpm_limit", "must be > 0, got %d", k.RPMLimit)
-		}
-		if k.TPMLimit <= 0 {
-			add(field+".tpm_limit", "must be > 0, got %d", k.TPMLimit)
-		}
+		c.validateKeyOfKind(field, k, c.Providers[k.Provider], add)
 		if k.MaxInFlight < 0 {
 			add(field+".max_in_flight", "must be >= 0, got %d", k.MaxInFlight)
 		}
@@ -107,17 +110,38 @@ func (c *Config) validate() error {
 		add("keys", "at least one key is required")
 	}
 
-	for from, to := range c.Fallback {
+	for from, chain := range c.Fallback {
 		field := "fallback." + from
-		fr, err1 := ParseRoute(from)
-		tr, err2 := ParseRoute(to)
-		switch {
-		case err1 != nil || !routes[from]:
+		if !routes[from] {
 			add(field, "unknown route %q", from)
-		case err2 != nil || !routes[to]:
-			add(field, "falls back to unknown route %q", to)
-		case fr.Provider == tr.Provider:
-			add(field, "must fall back to the other provider, not %q", to)
+		}
+		if len(chain) == 0 {
+			add(field, "names no route")
+		}
+		seen := map[string]bool{from: true}
+		for _, to := range chain {
+			switch {
+			case !routes[to]:
+				add(field, "falls back to unknown route %q", to)
+			case seen[to]:
+				add(field, "names %q twice (or falls back to itself)", to)
+			}
+			seen[to] = true
+		}
+	}
+	for i, r := range c.Routing {
+		field := fmt.Sprintf("routing[%d]", i)
+		if (r.Layer == "") == (r.From == "") {
+			add(field, "set one of layer and from")
+		}
+		if r.From != "" && !routes[r.From] {
+			add(field+".from", "unknown route %q", r.From)
+		}
+		if r.Layer != "" && c.Cache.TTL[r.Layer] == 0 {
+			add(field+".layer", "unknown cache layer %q", r.Layer)
+		}
+		if !routes[r.Route] {
+			add(field+".route", "unknown route %q", r.Route)
 		}
 	}
 	for name, to := range c.Models {
@@ -265,14 +289,30 @@ func (c *Config) Routes() []llm.Route {
 	return out
 }
 
-// FallbackOf returns the fallback route of r, if any.
-func (c *Config) FallbackOf(r llm.Route) (llm.Route, bool) {
-	to, ok := c.Fallback[r.String()]
-	if !ok {
-		return llm.Route{}, false
+// RouteOrder returns the routes a request asking route asked, of cache
+// layer layer, tries in order: a matching routing rule's route first, then
+// the asked route, then its fallback chain; each route once.
+func (c *Config) RouteOrder(asked llm.Route, layer string) []llm.Route {
+	var names []string
+	for _, r := range c.Routing {
+		if (r.Layer != "" && r.Layer == layer) || (r.From != "" && r.From == asked.String()) {
+			names = append(names, r.Route)
+			break
+		}
 	}
-	fr, err := ParseRoute(to)
-	return fr, err == nil
+	names = append(names, asked.String())
+	names = append(names, c.Fallback[asked.String()]...)
+	out := make([]llm.Route, 0, len(names))
+	seen := map[string]bool{}
+	for _, n := range names {
+		r, err := ParseRoute(n)
+		if err != nil || seen[n] {
+			continue
+		}
+		seen[n] = true
+		out = append(out, r)
+	}
+	return out
 }
 
 // ModelName returns the provider's model name for a route.

@@ -109,8 +109,10 @@ type Alerter interface {
 // Config configures the dispatcher.
 type Config struct {
 	Clients map[llm.Provider]llm.Client
-	// Fallback returns the equivalent route of the other provider.
-	Fallback func(llm.Route) (llm.Route, bool)
+	// RouteOrder returns the routes a request tries, in order: a routing
+	// rule's first, the asked route, its fallback chain (config.RouteOrder).
+	// nil: the asked route only.
+	RouteOrder func(asked llm.Route, layer string) []llm.Route
 	// ModelName returns a route's provider model name.
 	ModelName func(llm.Route) string
 	// Price of a route, for cost metrics.

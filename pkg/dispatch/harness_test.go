@@ -66,11 +66,11 @@ func newHarness(t *testing.T, tune func(*Config)) *harness {
 	h.fin = &fakeFinisher{jobs: h.jobs, trail: tr}
 	cfg := Config{
 		Clients: map[llm.Provider]llm.Client{llm.ProviderClaude: h.claude, llm.ProviderOpenAI: h.openai},
-		Fallback: func(r llm.Route) (llm.Route, bool) {
+		RouteOrder: func(r llm.Route, _ string) []llm.Route {
 			if r == sonnet {
-				return gpt4o, true
+				return []llm.Route{sonnet, gpt4o}
 			}
-			return llm.Route{}, false
+			return []llm.Route{r}
 		},
 		ModelName: func(r llm.Route) string { return "model-" + r.Tier },
 	}

@@ -131,8 +131,8 @@ func (d *Dispatcher) callRoutes(ctx context.Context, rec *job.Record, log *slog.
 		return out
 	}
 	routes := []llm.Route{rec.Job.Route}
-	if fb, ok := d.cfg.Fallback(rec.Job.Route); ok {
-		routes = append(routes, fb)
+	if d.cfg.RouteOrder != nil {
+		routes = d.cfg.RouteOrder(rec.Job.Route, rec.Job.Layer)
 	}
 	refused, tried := 0, 0
 	// The wait is the soonest any route may go again, whatever order

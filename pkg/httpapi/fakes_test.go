@@ -412,7 +412,7 @@ func newServer(t *testing.T, edit func(*setup)) *server {
 	}
 	q.admitErr = su.admitErr
 	su.deps.Intake = intake.New(intake.Config{
-		Routes: map[llm.Route]bool{sonnet: true}, Fallback: func(llm.Route) (llm.Route, bool) { return llm.Route{}, false },
+		Routes:  map[llm.Route]bool{sonnet: true},
 		MaxWait: time.Minute, MaxPromptChars: 10_000, MaxTokensLimit: 4096, DefaultMaxTokens: 512, CacheEnabled: true,
 	}, intake.Deps{Jobs: jobs, Finisher: memFinisher{jobs}, Queue: q, Breakers: su.breakers, Cache: su.cache,
 		RateLimiter: su.limiter, Logger: su.deps.Logger})

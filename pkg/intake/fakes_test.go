@@ -430,11 +430,11 @@ func newRig(edit func(*intake.Config)) *rig {
 		metrics: metrics.New(nil)}
 	cfg := intake.Config{
 		Routes: map[llm.Route]bool{sonnet: true, haiku: true, gpt4o: true},
-		Fallback: func(r llm.Route) (llm.Route, bool) {
+		RouteOrder: func(r llm.Route, _ string) []llm.Route {
 			if r == sonnet {
-				return gpt4o, true
+				return []llm.Route{sonnet, gpt4o}
 			}
-			return llm.Route{}, false
+			return []llm.Route{r}
 		},
 		MaxWait: time.Minute, MaxPromptChars: 10_000, MaxTokensLimit: 4096, DefaultMaxTokens: 1024,
 		Layers: map[string]bool{"agent": true, "router": true}, DefaultLayer: "agent", CacheEnabled: true,

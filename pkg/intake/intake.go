@@ -147,8 +147,10 @@ type RateLimiter interface {
 
 // Config configures intake.
 type Config struct {
-	Routes           map[llm.Route]bool
-	Fallback         func(llm.Route) (llm.Route, bool)
+	Routes map[llm.Route]bool
+	// RouteOrder returns the routes a request tries, in order (a routing
+	// rule's first, the asked one, its fallback chain).
+	RouteOrder       func(asked llm.Route, layer string) []llm.Route
 	MaxWait          time.Duration
 	MaxPromptChars   int
 	MaxTokensLimit   int
@@ -335,8 +337,16 @@ func (in *Intake) position(ctx context.Context, a *Accepted, lang string) {
 	a.Message = progress.QueuedMessage(lang, sp.Position, progress.WaitSeconds(sp.ETA))
 }
 
+// routeOrder is the routes j tries; without RouteOrder, its own only.
+func (in *Intake) routeOrder(j *job.Job) []llm.Route {
+	if in.cfg.RouteOrder == nil {
+		return []llm.Route{j.Route}
+	}
+	return in.cfg.RouteOrder(j.Route, j.Layer)
+}
+
 // degraded marks the answer service_degraded when the "all" breaker, or the
-// breakers of the route and its fallback, are not closed.
+// breakers of every route the request may take, are not closed.
 func (in *Intake) degraded(ctx context.Context, j *job.Job, a *Accepted, lang string) {
 	if in.breakers == nil {
 		return
@@ -346,9 +356,9 @@ func (in *Intake) degraded(ctx context.Context, j *job.Job, a *Accepted, lang st
 		in.markDegraded(a, st, lang)
 		return
 	}
-	names := []string{j.Route.String()}
-	if fb, ok := in.cfg.Fallback(j.Route); ok {
-		names = append(names, fb.String())
+	var names []string
+	for _, r := range in.routeOrder(j) {
+		names = append(names, r.String())
 	}
 	var soonest breaker.Status
 	for i, n := range names {

@@ -56,7 +56,12 @@ func (p *Pool) Acquire(ctx context.Context, route llm.Route, estTokens int, opts
 	ttl := p.cfg.LeaseTTL.Microseconds()
 	for attempt := 0; ; attempt++ {
 		rctx, cancel := context.WithTimeout(ctx, p.cfg.OpTimeout)
-		res, err := p.sc.acquire.Run(rctx, p.rdb, p.routeKeys[route], estTokens, ttl, leaseID, o.ahead.Microseconds()).Slice()
+		// The rotation breaks ties in headroom differently on each call,
+		// so keys with equal room share the load instead of the first one
+		// in the file taking it all.
+		rot := p.rotate(len(idx))
+		res, err := p.sc.acquire.Run(rctx, p.rdb, p.routeKeys[route], estTokens, ttl, leaseID, o.ahead.Microseconds(),
+			p.routePrefs[route], rot).Slice()
 		cancel()
 		if err != nil {
 			return nil, fmt.Errorf("keypool: acquire %s: %w", route, err)

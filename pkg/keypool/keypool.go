@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	mrand "math/rand/v2"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -111,6 +112,10 @@ type Key struct {
 	MaxInFlight int
 	// Window overrides Config.Window for this key; 0 means Config.Window.
 	Window time.Duration
+	// Preferred keys are taken first whenever one has room now, whatever
+	// the headroom of the others (an Azure PTU deployment: provisioned
+	// capacity is paid for whether used or not).
+	Preferred bool
 }
 
 // Route returns the key's (provider, tier).
@@ -243,7 +248,13 @@ type Pool struct {
 	// acquire script (state hash, lease set per key), both in config order.
 	routes    map[llm.Route][]int
 	routeKeys map[llm.Route][]string
-	allKeys   []string // state hash, lease set of every key, config order
+	// routePrefs marks each key of a route preferred ('1') or not ('0'),
+	// in config order: the acquire script's ARGV[5].
+	routePrefs map[llm.Route]string
+	allKeys    []string // state hash, lease set of every key, config order
+	// rotate picks the tie-breaking rotation of an acquire among n keys
+	// (math/rand/v2's N; tests fix it to see configuration order).
+	rotate func(n int) int
 }
 
 // New builds a Pool on rdb and registers cfg.Keys in Redis: their limits are
@@ -259,13 +270,15 @@ func New(ctx context.Context, rdb redis.Scripter, cfg Config, logger *slog.Logge
 		logger = slog.New(slog.DiscardHandler)
 	}
 	p := &Pool{
-		rdb:       rdb,
-		cfg:       cfg,
-		logger:    logger,
-		sc:        newScripts(),
-		byID:      make(map[string]int, len(cfg.Keys)),
-		routes:    make(map[llm.Route][]int),
-		routeKeys: make(map[llm.Route][]string),
+		rdb:        rdb,
+		cfg:        cfg,
+		logger:     logger,
+		sc:         newScripts(),
+		byID:       make(map[string]int, len(cfg.Keys)),
+		routes:     make(map[llm.Route][]int),
+		routeKeys:  make(map[llm.Route][]string),
+		routePrefs: make(map[llm.Route]string),
+		rotate:     mrand.N[int],
 	}
 	for i, k := range cfg.Keys {
 		r := k.Route()
@@ -273,6 +286,11 @@ func New(ctx context.Context, rdb redis.Scripter, cfg Config, logger *slog.Logge
 		p.byID[k.ID] = i
 		p.routes[r] = append(p.routes[r], i)
 		p.routeKeys[r] = append(p.routeKeys[r], sk, lk)
+		pref := "0"
+		if k.Preferred {
+			pref = "1"
+		}
+		p.routePrefs[r] += pref
 		p.allKeys = append(p.allKeys, sk, lk)
 	}
 	if err := p.register(ctx); err != nil {

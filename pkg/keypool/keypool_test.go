@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	mrand "math/rand/v2"
 	"testing"
 	"time"
 
@@ -76,6 +77,7 @@ func build(t *testing.T, cfg Config) *bundle {
 	}
 	p, err := New(context.Background(), rdb, cfg, nil)
 	require.NoError(t, err)
+	p.rotate = func(int) int { return 0 } // ties in configuration order, for exact expectations
 	return &bundle{pool: p, rdb: rdb, cfg: p.cfg}
 }
 
@@ -304,6 +306,7 @@ func TestAcquirePicksMostHeadroom(t *testing.T) {
 			t.Parallel()
 			p, err := New(ctx, rdb, minuteBuckets(Config{Keys: tt.keys, Prefix: fmt.Sprintf("test:headroom:%d:", i)}), nil)
 			require.NoError(t, err)
+			p.rotate = func(int) int { return 0 } // ties in configuration order
 			if tt.prepare != nil {
 				tt.prepare(t, p)
 			}
@@ -908,4 +911,39 @@ func TestSettleForeignLease(t *testing.T) {
 	require.True(t, errors.Is(b.pool.Failure(ctx, &Lease{KeyID: "zzz"}, Refund, nil), ErrUnknownKey))
 	require.ErrorIs(t, b.pool.Return(ctx, &Lease{KeyID: "zzz"}), ErrUnknownKey)
 	require.Error(t, b.pool.Return(ctx, nil))
+}
+
+// Keys with equal headroom share the calls (the tie goes to a random
+// rotation, not the first key of the file), and a preferred key (an Azure
+// PTU deployment) is taken whenever it has room, whatever the headroom of
+// the others.
+func TestAcquireSpreadsTiesAndPrefers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	// Limits so large that every key is always full: every acquire is a tie.
+	b := build(t, Config{Keys: []Key{key("a", haiku, 1_000_000, 1_000_000_000), key("b", haiku, 1_000_000, 1_000_000_000),
+		key("c", haiku, 1_000_000, 1_000_000_000), key("d", haiku, 1_000_000, 1_000_000_000)}, Prefix: "test:spread:"})
+	b.pool.rotate = mrand.N[int]
+	count := map[string]int{}
+	for range 400 {
+		l, err := b.pool.Acquire(ctx, haiku, 10)
+		require.NoError(t, err)
+		count[l.KeyID]++
+		require.NoError(t, b.pool.Success(ctx, l, llm.Usage{InputTokens: 10}, llm.RateLimit{}))
+	}
+	for _, id := range []string{"a", "b", "c", "d"} {
+		// 100 each expected; 50 is over 5 standard deviations below.
+		require.Greater(t, count[id], 50, "key %s got %d of 400 calls: %v", id, count[id], count)
+	}
+
+	pref := key("p", haiku, 3, 1_000_000) // two requests in its bucket (3 × pace 0.98)
+	pref.Preferred = true
+	b = build(t, Config{Keys: []Key{key("a", haiku, 600, 1_000_000), pref}, Prefix: "test:prefer:", Window: time.Minute})
+	var got []string
+	for range 4 {
+		l, err := b.pool.Acquire(ctx, haiku, 10)
+		require.NoError(t, err)
+		got = append(got, l.KeyID)
+	}
+	require.Equal(t, []string{"p", "p", "a", "a"}, got, "the preferred key first while it has room, then the others")
 }

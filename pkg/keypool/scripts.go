@@ -110,13 +110,18 @@ return changed
 // tokens on it, in one atomic step. A key with room now wins by headroom;
 // with ahead > 0, a key whose buckets refill within ahead µs may be
 // reserved for that moment (the caller waits until then), the earliest one
-// winning. Cooling keys and keys at their in-flight cap are never reserved.
+// winning. Among keys with room now a preferred key wins, then headroom;
+// equal headroom goes to the first key counting from a rotation the
+// caller picks at random, so equal keys share the load. Cooling keys and
+// keys at their in-flight cap are never reserved.
 //
 // KEYS[2i-1], KEYS[2i]  state hash and lease set of candidate key i
 // ARGV[1]  estimated tokens to reserve (>= 0)
 // ARGV[2]  lease TTL in µs
 // ARGV[3]  lease id
 // ARGV[4]  how far ahead a reservation may be made, µs (0: only now)
+// ARGV[5]  per candidate key, '1' if preferred else '0'
+// ARGV[6]  rotation: ties in headroom go to the first key from index 1+ARGV[6]
 // Reply:
 //
 //	{1, i, now, expiry, at}    granted on key i for time at (>= now); the
@@ -128,8 +133,10 @@ return changed
 //	{-2, i}                    key i is not registered (Redis lost its state)
 const acquireLua = luaCommon + `
 local est, ttl, lease, ahead = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
+local prefs, rot = ARGV[5] or '', tonumber(ARGV[6] or '0')
 local now = nowus()
-local best, bestWait, bestHead, bestS = 0, 0, 0, nil
+local n = #KEYS / 2
+local best, bestWait, bestHead, bestS, bestPref, bestRank = 0, 0, 0, nil, false, 0
 local minWait, minReason = -1, 'disabled'
 local fits = 0
 for i = 1, #KEYS / 2 do
@@ -158,8 +165,8 @@ for i = 1, #KEYS / 2 do
       end
       if hard == 0 and w <= ahead then
         -- Headroom: the smallest fraction of any limit left after this
-        -- reservation. The earliest key wins; among keys free now, the
-        -- one with most headroom; ties keep configuration order.
+        -- reservation. The earliest key wins; among keys free now, a
+        -- preferred one, then the most headroom, then the rotation.
         local head = (s.rl - 1) / s.capR
         local th = (s.tl - est) / math.max(s.capT, est)
         if th < head then head = th end
@@ -167,8 +174,20 @@ for i = 1, #KEYS / 2 do
           local ih = (s.mif - inflight - 1) / s.mif
           if ih < head then head = ih end
         end
-        if best == 0 or w < bestWait or (w == bestWait and head > bestHead) then
-          best, bestWait, bestHead, bestS = i, w, head, s
+        local pref = w == 0 and string.sub(prefs, i, i) == '1'
+        local rank = (i - 1 - rot) % n
+        local better = best == 0 or w < bestWait
+        if not better and w == bestWait then
+          if pref ~= bestPref then
+            better = pref
+          elseif head ~= bestHead then
+            better = head > bestHead
+          else
+            better = rank < bestRank
+          end
+        end
+        if better then
+          best, bestWait, bestHead, bestS, bestPref, bestRank = i, w, head, s, pref, rank
         end
       else
         -- A soft wait is reported up to the horizon, not to room now: the

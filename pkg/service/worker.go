@@ -21,15 +21,18 @@ import (
 	"bulwark/pkg/report"
 )
 
-// Clients builds the provider adapters.
+// Clients builds an adapter per configured provider, by its kind. A
+// local model speaks the OpenAI wire format: the OpenAI adapter serves it.
 func (b *Base) Clients() map[llm.Provider]llm.Client {
 	out := map[llm.Provider]llm.Client{}
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}}
-	if p, ok := b.Cfg.Providers[llm.ProviderClaude]; ok {
-		out[llm.ProviderClaude] = anthropic.New(anthropic.Config{BaseURL: p.BaseURL, Timeout: p.Timeout}, hc)
-	}
-	if p, ok := b.Cfg.Providers[llm.ProviderOpenAI]; ok {
-		out[llm.ProviderOpenAI] = openai.New(openai.Config{BaseURL: p.BaseURL, Timeout: p.Timeout}, hc)
+	for name, p := range b.Cfg.Providers {
+		switch p.Kind {
+		case config.KindAnthropic:
+			out[name] = anthropic.New(anthropic.Config{BaseURL: p.BaseURL, Timeout: p.Timeout}, hc)
+		case config.KindOpenAI, config.KindLocal:
+			out[name] = openai.New(openai.Config{BaseURL: p.BaseURL, Timeout: p.Timeout}, hc)
+		}
 	}
 	return out
 }
@@ -44,7 +47,7 @@ func (b *Base) Worker(clients map[llm.Provider]llm.Client) (*asynq.Server, *asyn
 		ca = b.Cache
 	}
 	d := dispatch.New(dispatch.Config{
-		Clients: clients, Fallback: cfg.FallbackOf, ModelName: cfg.ModelName, Price: cfg.Price,
+		Clients: clients, RouteOrder: cfg.RouteOrder, ModelName: cfg.ModelName, Price: cfg.Price,
 		MaxActive: cfg.MaxActive(), PaceWait: cfg.Worker.PaceWait, HoldWait: cfg.Worker.HoldWait,
 		SlotRenew: cfg.Queue.SlotLease / 3,
 	}, dispatch.Deps{
