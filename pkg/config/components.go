@@ -7,6 +7,7 @@ import (
 	"bulwark/pkg/alert"
 	"bulwark/pkg/breaker"
 	"bulwark/pkg/cache"
+	"bulwark/pkg/compress"
 	"bulwark/pkg/embed"
 	"bulwark/pkg/httpapi"
 	"bulwark/pkg/intake"
@@ -73,6 +74,13 @@ func (c *Config) AlertConfig() alert.Config {
 		Throttle: a.Throttle, Prefix: c.Redis.Keyspace().Root(), Language: a.Language}
 }
 
+// CompressConfig configures prompt compression (pkg/compress); it protects
+// the cache's protected patterns.
+func (c *Config) CompressConfig() compress.Config {
+	return compress.Config{MinRepeat: c.Compression.MinRepeat, KeepTimestamps: c.Compression.KeepTimestamps,
+		ProtectedPatterns: c.Cache.ProtectedPatterns}
+}
+
 // CacheConfig configures the semantic cache (pkg/cache).
 func (c *Config) CacheConfig() cache.Config {
 	ca := c.Cache
@@ -132,6 +140,7 @@ func (c *Config) validateComponents(add func(field, format string, args ...any))
 		{"alerts", c.AlertConfig().WithDefaults().Validate()},
 		{"cache", c.CacheConfig().WithDefaults().Validate()},
 		{"cache.embedder", c.EmbedConfig().Validate()},
+		{"compression", c.CompressConfig().WithDefaults().Validate()},
 		{"server", c.HTTPConfig().WithDefaults().Validate()},
 	} {
 		if v.err != nil {

@@ -62,9 +62,11 @@ type Config struct {
 	Queue   Queue             `yaml:"queue"`
 	Cache   Cache             `yaml:"cache"`
 	Breaker Breaker           `yaml:"breaker"`
-	Tenants []Tenant          `yaml:"tenants"`
-	Alerts  Alerts            `yaml:"alerts"`
-	Report  Report            `yaml:"report"`
+	// Compression shortens prompts before they are sent (pkg/compress).
+	Compression Compression `yaml:"compression"`
+	Tenants     []Tenant    `yaml:"tenants"`
+	Alerts      Alerts      `yaml:"alerts"`
+	Report      Report      `yaml:"report"`
 	// Prices in USD per million tokens, by route ("claude/sonnet").
 	Prices map[string]Price `yaml:"prices"`
 }
@@ -431,6 +433,21 @@ func Parse(doc []byte, lookup func(string) (string, bool)) (*Config, error) {
 		return nil, err
 	}
 	return &c, nil
+}
+
+// Compression configures prompt compression: repeated log lines and
+// whitespace in user content and tool results collapse before the call;
+// protected entities (DTCs, ECU ids, versions) never change. A request
+// opts out with "compress": false (X-Bulwark-Compress: off).
+type Compression struct {
+	// Enabled turns it on. Default false: it changes the prompt the model
+	// sees.
+	Enabled bool `yaml:"enabled"`
+	// MinRepeat equal consecutive lines collapse into one and a marker.
+	// Default 3.
+	MinRepeat int `yaml:"min_repeat"`
+	// KeepTimestamps keeps lines that differ only in a leading timestamp.
+	KeepTimestamps bool `yaml:"keep_timestamps"`
 }
 
 // RoutingRule sends the requests it matches to Route first.

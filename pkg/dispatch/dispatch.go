@@ -117,6 +117,10 @@ type Config struct {
 	ModelName func(llm.Route) string
 	// Price of a route, for cost metrics.
 	Price func(llm.Route) metrics.Price
+	// Compress, when set, shortens a request's prompt before it is sent
+	// (pkg/compress), returning the copy and the tokens saved; requests
+	// that opted out (job.Job.NoCompress) are sent as written.
+	Compress func(*llm.Request) (llm.Request, int)
 	// MaxKeyTries bounds calls on one route within one attempt. Default 4.
 	MaxKeyTries int
 	// MinWait is the shortest re-enqueue delay. Default 100ms.
@@ -514,6 +518,7 @@ func (d *Dispatcher) complete(ctx context.Context, rec *job.Record, out outcome,
 	st.KeyID = out.keyID
 	st.Result = out.resp
 	st.Cached = job.CachedNone
+	st.TokensSaved = out.saved
 	rec.State = st
 	if d.cache != nil {
 		if err := d.cache.StoreAnswer(context.WithoutCancel(ctx), rec); err != nil {

@@ -59,8 +59,17 @@ var consequences = map[llm.Class]consequence{
 	llm.ClassPermanent:        {breaker.Ignore, false, keypool.Refund, failRequest, ""},
 }
 
+// capacityFull is the row of a provisioned deployment's 429
+// (llm.CodeCapacityFull): the key waits out its Retry-After and the next
+// key is tried at once; the breaker does not count it, the provider is
+// not refusing.
+var capacityFull = consequence{breaker.Ignore, false, keypool.Cool, nextKey, "provisioned capacity full"}
+
 // consequenceOf returns the table row for err.
 func consequenceOf(err error) consequence {
+	if e, ok := errors.AsType[*llm.Error](err); ok && e.Code == llm.CodeCapacityFull {
+		return capacityFull
+	}
 	class, ok := llm.ClassOf(err)
 	if !ok {
 		class = llm.ClassTransient
@@ -86,6 +95,8 @@ type outcome struct {
 	// earliest time any route will have.
 	exhausted  bool
 	retryAfter time.Duration
+	// saved is what prompt compression took off the request's tokens.
+	saved int
 	// refused is true when the provider refuses the route: its breaker is
 	// open, every key is disabled, or it answered overloaded / model
 	// unavailable. Our own pacing, cooling keys, 5xx, timeouts and Redis
@@ -134,6 +145,10 @@ func (d *Dispatcher) callRoutes(ctx context.Context, rec *job.Record, log *slog.
 	if d.cfg.RouteOrder != nil {
 		routes = d.cfg.RouteOrder(rec.Job.Route, rec.Job.Layer)
 	}
+	req, saved := rec.Job.Request, 0
+	if d.cfg.Compress != nil && !rec.Job.NoCompress {
+		req, saved = d.cfg.Compress(&rec.Job.Request)
+	}
 	refused, tried := 0, 0
 	// The wait is the soonest any route may go again, whatever order
 	// the routes failed in.
@@ -145,7 +160,7 @@ func (d *Dispatcher) callRoutes(ctx context.Context, rec *job.Record, log *slog.
 		waitSet = true
 	}
 	for i, r := range routes {
-		res, rr := d.callRoute(ctx, rec, r, log)
+		res, rr := d.callRoute(ctx, rec, r, req, log)
 		if rr != routeNoKeys {
 			tried++
 		}
@@ -162,6 +177,7 @@ func (d *Dispatcher) callRoutes(ctx context.Context, rec *job.Record, log *slog.
 		switch rr {
 		case routeOK:
 			_ = all.Done(ctx, breaker.Success)
+			res.saved = saved
 			return res
 		case routeCancelled:
 			_ = all.Done(context.WithoutCancel(ctx), breaker.Ignore)
@@ -198,9 +214,8 @@ func (d *Dispatcher) callRoutes(ctx context.Context, rec *job.Record, log *slog.
 // callRoute makes up to MaxKeyTries calls on one route. A key whose
 // buckets refill within PaceWait is reserved and waited for (first come,
 // first served at the keys' pace); a longer wait returns routeExhausted.
-func (d *Dispatcher) callRoute(ctx context.Context, rec *job.Record, r llm.Route, log *slog.Logger) (outcome, routeResult) {
+func (d *Dispatcher) callRoute(ctx context.Context, rec *job.Record, r llm.Route, req llm.Request, log *slog.Logger) (outcome, routeResult) {
 	client := d.cfg.Clients[r.Provider]
-	req := rec.Job.Request
 	req.Model = d.cfg.ModelName(r)
 	est := llm.EstimateTokens(&req)
 	var lastErr error

@@ -84,8 +84,21 @@ func TestHalfOpenRouteIsRecheckedSoon(t *testing.T) {
 	t.Parallel()
 	d := New(Config{ModelName: func(llm.Route) string { return "m" }}, Deps{Breakers: halfOpen{}})
 	rec := &job.Record{Job: job.Job{ID: "r", Route: llm.Route{Provider: llm.ProviderClaude, Tier: "sonnet"}}}
-	out, rr := d.callRoute(context.Background(), rec, rec.Job.Route, slog.New(slog.DiscardHandler))
+	out, rr := d.callRoute(context.Background(), rec, rec.Job.Route, rec.Job.Request, slog.New(slog.DiscardHandler))
 	if rr != routeExhausted || !out.refused || out.retryAfter > halfOpenRecheck {
 		t.Fatalf("half-open route: result %d, outcome %+v; want exhausted, refused, retry within %s", rr, out, halfOpenRecheck)
+	}
+}
+
+// A provisioned deployment's 429 (llm.CodeCapacityFull) cools only its
+// key and goes to the next key; the breaker does not count it.
+func TestCapacityFullIsNotARefusal(t *testing.T) {
+	t.Parallel()
+	c := consequenceOf(&llm.Error{Class: llm.ClassRateLimited, Code: llm.CodeCapacityFull, RetryAfter: 300 * time.Millisecond})
+	if c.breaker != breaker.Ignore || c.key != keypool.Cool || c.next != nextKey {
+		t.Fatalf("capacity full: %+v", c)
+	}
+	if plain := consequenceOf(&llm.Error{Class: llm.ClassRateLimited}); plain.breaker != breaker.Failure {
+		t.Fatalf("a plain 429: %+v", plain)
 	}
 }

@@ -210,6 +210,9 @@ func (f *Finisher) account(ctx context.Context, rec *job.Record) {
 			price := f.d.Price(*st.ServedRoute)
 			f.d.Metrics.AddUsage(*st.ServedRoute, st.Result.Usage, price)
 			cost = metrics.Cost(price, st.Result.Usage)
+			if st.TokensSaved > 0 {
+				f.d.Metrics.TokensSaved.WithLabelValues(string(st.ServedRoute.Provider), st.ServedRoute.Tier).Add(float64(st.TokensSaved))
+			}
 		}
 	} else {
 		f.d.Metrics.RequestDuration.WithLabelValues(p, metrics.CachedFalse).Observe(time.Since(rec.Job.CreatedAt).Seconds())

@@ -129,16 +129,17 @@ func (s *Store) finished(ctx context.Context, rec *job.Record, costUSD float64) 
 	_, err := s.pool.Exec(ctx, `
 		INSERT INTO requests (id, tenant, priority, status, provider, model_tier, served_provider, served_tier, key_id,
 			attempts, cached, case_id, cache_layer, input_tokens, output_tokens, cost_usd, created_at, started_at,
-			finished_at, queue_wait_ms, error, response)
-		VALUES ($1,$2,$3,$4,$5,$6,$7,$8,NULLIF($9,''),$10,$11,NULLIF($12,''),NULLIF($13,''),$14,$15,$16,$17,$18,$19,$20,NULLIF($21,''),$22)
+			finished_at, queue_wait_ms, error, response, tokens_saved)
+		VALUES ($1,$2,$3,$4,$5,$6,$7,$8,NULLIF($9,''),$10,$11,NULLIF($12,''),NULLIF($13,''),$14,$15,$16,$17,$18,$19,$20,NULLIF($21,''),$22,$23)
 		ON CONFLICT (id) DO UPDATE SET status = EXCLUDED.status, served_provider = EXCLUDED.served_provider,
 			served_tier = EXCLUDED.served_tier, key_id = EXCLUDED.key_id, attempts = EXCLUDED.attempts,
 			cached = EXCLUDED.cached, input_tokens = EXCLUDED.input_tokens, output_tokens = EXCLUDED.output_tokens,
 			cost_usd = EXCLUDED.cost_usd, started_at = EXCLUDED.started_at, finished_at = EXCLUDED.finished_at,
-			queue_wait_ms = EXCLUDED.queue_wait_ms, error = EXCLUDED.error, response = EXCLUDED.response`,
+			queue_wait_ms = EXCLUDED.queue_wait_ms, error = EXCLUDED.error, response = EXCLUDED.response,
+			tokens_saved = EXCLUDED.tokens_saved`,
 		j.ID, j.Tenant, int(j.Priority), string(rec.Status), string(j.Route.Provider), j.Route.Tier, served.p, served.t,
 		st.KeyID, st.Attempts, cached, j.CaseID, j.Layer, usage.InputTokens, usage.OutputTokens, costUSD,
-		j.CreatedAt, started, finished, waitMS, rec.Reason, resp)
+		j.CreatedAt, started, finished, waitMS, rec.Reason, resp, st.TokensSaved)
 	return err
 }
 

@@ -194,6 +194,13 @@ func compatSubmission(c *gin.Context, route llm.Route, req *llm.Request) (intake
 	default:
 		return sub, fmt.Errorf("X-Bulwark-Cache: want bypass, no-store or no-read")
 	}
+	switch strings.ToLower(c.GetHeader("X-Bulwark-Compress")) {
+	case "", "on":
+	case "off":
+		sub.NoCompress = true
+	default:
+		return sub, fmt.Errorf("X-Bulwark-Compress: want on or off")
+	}
 	return sub, nil
 }
 

@@ -44,6 +44,9 @@ type submitBody struct {
 	// CacheRead and CacheWrite default to true; false bypasses the cache.
 	CacheRead  *bool `json:"cache_read"`
 	CacheWrite *bool `json:"cache_write"`
+	// Compress defaults to true: where prompt compression is on, false
+	// sends this request's prompt as written.
+	Compress *bool `json:"compress"`
 }
 
 // wireMessage accepts content as a string or as an array of blocks.
@@ -148,6 +151,7 @@ func (s *Server) submit(c *gin.Context) {
 		CaseID: b.CaseID, Layer: b.CacheLayer, Metadata: b.Metadata,
 		NoCacheRead:    b.CacheRead != nil && !*b.CacheRead,
 		NoCacheWrite:   b.CacheWrite != nil && !*b.CacheWrite,
+		NoCompress:     b.Compress != nil && !*b.Compress,
 		IdempotencyKey: c.GetHeader("Idempotency-Key"),
 		Lang:           progress.Lang(c.GetHeader("Accept-Language")),
 	}

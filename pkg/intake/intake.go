@@ -51,6 +51,7 @@ type Submission struct {
 	Metadata        map[string]string
 	NoCacheRead     bool
 	NoCacheWrite    bool
+	NoCompress      bool // the caller opts out of prompt compression
 	IdempotencyKey  string
 	Lang            string // "zh" or "en", for messages
 }

@@ -85,6 +85,9 @@ type Job struct {
 	// CacheRead and CacheWrite are false when the caller bypasses the cache.
 	CacheRead  bool `json:"cache_read"`
 	CacheWrite bool `json:"cache_write"`
+	// NoCompress is set when the caller opted out of prompt compression
+	// (which runs only where the configuration turns it on).
+	NoCompress bool `json:"no_compress,omitempty"`
 	// CacheKey identifies identical requests (scope + prompt hash) for
 	// coalescing and the cache write; empty when the cache is off.
 	CacheKey string `json:"cache_key,omitempty"`
@@ -135,6 +138,9 @@ type State struct {
 	Cached      Cached        `json:"cached,omitempty"`
 	Similarity  float64       `json:"similarity,omitempty"`
 	CacheAge    time.Duration `json:"cache_age,omitempty"`
+	// TokensSaved is what prompt compression took off the request's
+	// estimated input tokens (0 when it did not run).
+	TokensSaved int           `json:"tokens_saved,omitempty"`
 	Result      *llm.Response `json:"result,omitempty"`
 	StartedAt   time.Time     `json:"started_at,omitzero"`
 	FinishedAt  time.Time     `json:"finished_at,omitzero"`

@@ -41,6 +41,12 @@ const (
 // Classes lists every class, for metrics and tests.
 var Classes = []Class{ClassRateLimited, ClassQuota, ClassOverloaded, ClassTransient, ClassAuth, ClassPermanent, ClassModelUnavailable}
 
+// CodeCapacityFull is the Error.Code of a rate_limited answer from
+// provisioned capacity (an Azure PTU deployment) that is fully used right
+// now: the key is busy for RetryAfter, not at fault, and the provider is
+// not refusing (pkg/provider/azure sets it; pkg/dispatch acts on it).
+const CodeCapacityFull = "provisioned_capacity_full"
+
 // Error is a classified provider failure.
 type Error struct {
 	Class    Class

@@ -51,6 +51,7 @@ const (
 	NameKeyCooldowns      = "bulwark_key_cooldowns_total"
 	NameKeysDisabled      = "bulwark_keys_disabled_total"
 	NameCacheUnavailable  = "bulwark_cache_unavailable_total"
+	NameTokensSaved       = "bulwark_compression_tokens_saved_total"
 	NameHistoryErrors     = "bulwark_history_write_errors_total"
 	NameHistoryDropped    = "bulwark_history_dropped_total"
 	NameHistoryBacklog    = "bulwark_history_backlog"
@@ -163,6 +164,9 @@ type Metrics struct {
 	// CacheUnavailable counts requests for which the cache was bypassed
 	// because PostgreSQL could not be reached.
 	CacheUnavailable prometheus.Counter
+	// TokensSaved counts the input tokens prompt compression took off
+	// answered requests, by the route that served them.
+	TokensSaved *prometheus.CounterVec
 	// HistoryErrors counts request-history writes PostgreSQL refused or
 	// timed out (the requests themselves go on).
 	HistoryErrors prometheus.Counter
@@ -243,13 +247,17 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: NameCacheUnavailable,
 			Help: "Requests for which the cache was bypassed because PostgreSQL was unavailable.",
 		}),
+		TokensSaved: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: NameTokensSaved,
+			Help: "Estimated input tokens prompt compression took off answered requests, by the route that served them.",
+		}, []string{"provider", "tier"}),
 	}
 	if reg != nil {
 		reg.MustRegister(
 			m.ProviderCalls, m.ProviderLatency, m.RequestDuration, m.Requests,
 			m.RequestsSubmitted, m.CacheLookups, m.Coalesced, m.Fallbacks,
 			m.AdmissionRejected, m.Tokens, m.CostUSD, m.KeyCooldowns,
-			m.KeysDisabled, m.CacheUnavailable, m.HistoryErrors, m.HistoryDropped,
+			m.KeysDisabled, m.CacheUnavailable, m.HistoryErrors, m.HistoryDropped, m.TokensSaved,
 		)
 	}
 	return m
@@ -296,7 +304,7 @@ func FamilyNames() []string {
 		NameProviderCalls, NameProviderLatency, NameRequestDuration, NameRequests,
 		NameRequestsSubmitted, NameCacheLookups, NameCoalesced, NameFallbacks,
 		NameAdmissionRejected, NameTokens, NameCostUSD, NameKeyCooldowns,
-		NameKeysDisabled, NameCacheUnavailable, NameHistoryErrors, NameHistoryDropped,
+		NameKeysDisabled, NameCacheUnavailable, NameHistoryErrors, NameHistoryDropped, NameTokensSaved,
 		NameQueueDepth, NameQueueOldestWait, NameSlotsInUse, NameKeysAvailable,
 		NameKeysTotal, NameBreakerState, NameHistoryBacklog, NameStateScrapeErrors,
 	}

@@ -55,6 +55,7 @@ func fullRegistry(t *testing.T) (*prometheus.Registry, *Metrics) {
 	m.KeyCooldowns.WithLabelValues("claude-1").Inc()
 	m.KeysDisabled.WithLabelValues("claude-1").Inc()
 	m.CacheUnavailable.Inc()
+	m.TokensSaved.WithLabelValues("claude", "sonnet").Add(120)
 	return reg, m
 }
 

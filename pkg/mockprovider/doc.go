@@ -9,6 +9,8 @@
 //	POST   /v1/messages          Anthropic; x-api-key (or Bearer) and anthropic-version required
 //	POST   /v1/chat/completions  OpenAI; Authorization: Bearer <key>
 //	POST   /v1/embeddings        OpenAI; input string or []string, optional dimensions
+//	POST   /model/{id}/invoke    AWS Bedrock InvokeModel (Claude); SigV4 Authorization required (shape checked)
+//	POST   /openai/deployments/{d}/chat/completions?api-version=  Azure OpenAI; api-key or Bearer
 //	GET    /mock/stats           Stats as JSON (counters and in-flight gauges)
 //	POST   /mock/reset           zero the counters and in-flight maxima, refill every bucket
 //	GET    /mock/faults          faults in force

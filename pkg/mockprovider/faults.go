@@ -56,7 +56,8 @@ func (m FaultMode) Valid() bool {
 // before the body is read and do not touch the RPM/TPM buckets; they still
 // carry the rate-limit headers of the key's current state.
 type Fault struct {
-	// Provider is "claude", "openai" (chat and embeddings) or "" for both.
+	// Provider is "claude", "openai" (chat and embeddings), "bedrock",
+	// "azure" or "" for every wire.
 	Provider string
 	// KeyFingerprint limits the fault to one key (see Fingerprint); ""
 	// means every key.
@@ -119,9 +120,9 @@ func (f *Fault) UnmarshalJSON(b []byte) error {
 
 func (f Fault) validate() error {
 	switch provider(f.Provider) {
-	case "", providerClaude, providerOpenAI:
+	case "", providerClaude, providerOpenAI, providerBedrock, providerAzure:
 	default:
-		return fmt.Errorf("mockprovider: Fault.Provider %q: want claude, openai or empty", f.Provider)
+		return fmt.Errorf("mockprovider: Fault.Provider %q: want claude, openai, bedrock, azure or empty", f.Provider)
 	}
 	if !f.Mode.Valid() {
 		return fmt.Errorf("mockprovider: Fault.Mode %q: want rate_limit, overloaded, server_error, insufficient_quota, spend_limit, timeout or invalid_request", f.Mode)

@@ -84,6 +84,9 @@ type Config struct {
 	// Logger receives fault, latency and reset changes at Info. Default:
 	// discard. Keys appear only as fingerprints.
 	Logger *slog.Logger
+	// AzurePTUDeployments are the Azure deployments served as provisioned
+	// throughput (PTU): their 429 and headers are a PTU's (see azure.go).
+	AzurePTUDeployments []string
 }
 
 func (c *Config) withDefaults() {
@@ -168,6 +171,8 @@ type Server struct {
 	defaultLimits Limits
 	keyLimits     map[string]Limits // by fingerprint; read-only after New
 
+	azurePTU map[string]bool // Config.AzurePTUDeployments; read-only after New
+
 	closeOnce sync.Once
 	closed    chan struct{} // closed by Close: releases hanging requests
 
@@ -196,6 +201,7 @@ func New(cfg Config) (*Server, error) {
 		limiters:      map[limiterKey]*limiter{},
 		book:          newBook(),
 		flights:       newFlights(),
+		azurePTU:      azurePTUSet(cfg.AzurePTUDeployments),
 	}
 	for key, l := range cfg.Keys {
 		s.keyLimits[Fingerprint(key)] = l
@@ -206,6 +212,10 @@ func New(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("POST /v1/messages", func(w http.ResponseWriter, r *http.Request) { s.serve(w, r, anthropicWire{}) })
 	s.mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.serve(w, r, chatWire{}) })
 	s.mux.HandleFunc("POST /v1/embeddings", func(w http.ResponseWriter, r *http.Request) { s.serve(w, r, embeddingsWire{dims: s.dims}) })
+	s.mux.HandleFunc("POST /model/{modelId}/invoke", func(w http.ResponseWriter, r *http.Request) {
+		s.serve(w, r, &bedrockWire{model: r.PathValue("modelId")}) // Bedrock InvokeModel (bedrock.go)
+	})
+	s.mux.HandleFunc("POST /openai/deployments/{deployment}/chat/completions", s.serveAzureChat) // Azure OpenAI (azure.go)
 	s.mux.HandleFunc("GET /mock/stats", s.handleStats)
 	s.mux.HandleFunc("POST /mock/reset", s.handleReset)
 	s.mux.HandleFunc("GET /mock/faults", s.handleListFaults)

@@ -42,6 +42,14 @@ type Call struct {
 	// a transient *llm.Error. Zero (or less) means MaxResponseBytes, which
 	// suits chat answers; a batch of embeddings may need more.
 	MaxResponseBytes int
+	// Sign, when set, is called with the built request just before it is
+	// sent, once every header is on it (Header, and the Content-Type and
+	// Accept Post adds), so that a request signature such as AWS SigV4
+	// covers them; it may add headers (Authorization, X-Amz-Date). When it
+	// fails nothing is sent and Post returns its error: an *llm.Error as it
+	// is (an adapter gives a failure that has a class one), anything else
+	// wrapped, without a class. Nil sends the request as built.
+	Sign func(*http.Request) error
 }
 
 // Reply is a provider's HTTP answer, whatever its status.
@@ -60,7 +68,8 @@ type Reply struct {
 // caller's context error (errors.Is(err, context.Canceled) or
 // context.DeadlineExceeded holds, and llm.ClassOf reports false: nobody
 // should cool a key because the caller gave up) or an *llm.Error of class
-// transient for a connection failure or Post's own call.Timeout.
+// transient for a connection failure or Post's own call.Timeout, or
+// call.Sign's error when it failed.
 func Post(ctx context.Context, hc *http.Client, call Call) (*Reply, error) {
 	if hc == nil {
 		hc = http.DefaultClient
@@ -85,6 +94,15 @@ func Post(ctx context.Context, hc *http.Client, call Call) (*Reply, error) {
 	}
 	if req.Header.Get("Accept") == "" {
 		req.Header.Set("Accept", "application/json")
+	}
+	if call.Sign != nil {
+		if err := call.Sign(req); err != nil {
+			var pe *llm.Error
+			if errors.As(err, &pe) {
+				return nil, err
+			}
+			return nil, fmt.Errorf("%s: sign request: %w", call.Provider, err)
+		}
 	}
 
 	start := time.Now()

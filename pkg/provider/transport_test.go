@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -143,6 +144,61 @@ func TestPostFailures(t *testing.T) {
 			t.Fatalf("error %v, want an unclassified error", err)
 		}
 	})
+}
+
+// Call.Sign sees the request as it will be sent (every header, the body
+// still readable), and what it adds reaches the provider; when it fails
+// nothing is sent. Without Sign the request goes as built.
+func TestPostSign(t *testing.T) {
+	t.Parallel()
+	var hits atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		body, _ := io.ReadAll(r.Body)
+		w.Header().Set("X-Seen-Signature", r.Header.Get("X-Signature"))
+		_, _ = w.Write(body)
+	}))
+	t.Cleanup(srv.Close)
+	call := func(sign func(*http.Request) error) (*Reply, error) {
+		return Post(t.Context(), srv.Client(), Call{Provider: "bedrock", URL: srv.URL,
+			Header: http.Header{"X-Test": {"1"}}, Body: []byte(`{"a":1}`), Sign: sign})
+	}
+
+	reply, err := call(func(r *http.Request) error {
+		if r.Header.Get("Content-Type") != "application/json" || r.Header.Get("Accept") != "application/json" ||
+			r.Header.Get("X-Test") != "1" || r.ContentLength != int64(len(`{"a":1}`)) || r.Method != http.MethodPost {
+			return fmt.Errorf("Sign saw an unfinished request: %v", r.Header)
+		}
+		r.Header.Set("X-Signature", r.Header.Get("X-Test")+"-signed")
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reply.Header.Get("X-Seen-Signature") != "1-signed" || string(reply.Body) != `{"a":1}` {
+		t.Errorf("reply %+v, want the signature header and the body echoed", reply)
+	}
+
+	if reply, err := call(nil); err != nil || reply.Header.Get("X-Seen-Signature") != "" {
+		t.Errorf("without Sign: reply %+v, error %v", reply, err)
+	}
+
+	before := hits.Load()
+	_, err = call(func(*http.Request) error {
+		return &llm.Error{Class: llm.ClassAuth, Provider: "bedrock", Message: "no credentials"}
+	})
+	var pe *llm.Error
+	if !errors.As(err, &pe) || pe.Class != llm.ClassAuth || err != error(pe) {
+		t.Errorf("error %v, want Sign's *llm.Error as it is", err)
+	}
+	plain := errors.New("signer broke")
+	_, err = call(func(*http.Request) error { return plain })
+	if _, ok := llm.ClassOf(err); !errors.Is(err, plain) || ok || !strings.Contains(err.Error(), "bedrock: sign request") {
+		t.Errorf("error %v, want Sign's error wrapped without a class", err)
+	}
+	if n := hits.Load() - before; n != 0 {
+		t.Errorf("%d requests sent after Sign failed", n)
+	}
 }
 
 func TestEndpoint(t *testing.T) {

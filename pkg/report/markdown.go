@@ -14,6 +14,7 @@ type words struct {
 	title, period, overview, total, hitRate, exact, semantic          string
 	coalesced, saved, fallbacks, latency, tokens, input, output, cost string
 	usage, calls, queue, max, trend, trendLegend, noData, colon       string
+	compressed                                                        string
 	priorities                                                        map[int]string
 	statuses                                                          map[string]string
 }
@@ -26,7 +27,7 @@ var lexicon = map[string]words{
 		latency: "端到端延迟（完成且未命中缓存）", tokens: "Token", input: "输入", output: "输出", cost: "估算成本",
 		usage: "按供应商 / 档位", calls: "次", queue: "排队等待（按优先级）", max: "最长",
 		trend: "429 趋势（按小时）", trendLegend: "请求 / 失败 / 重试 / 平均尝试 / 限流失败 / 供应商 429",
-		noData: "无", colon: "：",
+		noData: "无", colon: "：", compressed: "压缩节省输入 Token",
 		priorities: map[int]string{1: "P1 紧急", 2: "P2 高", 3: "P3 普通", 4: "P4 低"},
 		statuses: map[string]string{"completed": "完成", "failed": "失败", "cancelled": "取消",
 			"queued": "排队", "running": "执行中", "waiting": "等待"},
@@ -38,7 +39,7 @@ var lexicon = map[string]words{
 		latency: "End-to-end latency (completed, not cached)", tokens: "Tokens", input: "input", output: "output", cost: "estimated cost",
 		usage: "By provider / tier", calls: "calls", queue: "Queue wait by priority", max: "max",
 		trend: "429 trend (hourly)", trendLegend: "requests / failed / retried / avg attempts / rate-limited failures / provider 429s",
-		noData: "none", colon: ": ",
+		noData: "none", colon: ": ", compressed: "Input tokens saved by compression",
 		priorities: map[int]string{1: "P1 critical", 2: "P2 high", 3: "P3 normal", 4: "P4 low"},
 		statuses:   map[string]string{},
 	},
@@ -84,6 +85,9 @@ func (r *Report) Markdown(lang string) string {
 		item(w.latency, "P50 %s, P95 %s (n=%d)", ms(r.Latency.P50Ms), ms(r.Latency.P95Ms), r.Latency.Count)
 	}
 	item(w.tokens, "%s %d, %s %d; %s %s", w.input, r.InputTokens, w.output, r.OutputTokens, w.cost, usd(r.CostUSD))
+	if r.TokensSaved > 0 {
+		item(w.compressed, "%d", r.TokensSaved)
+	}
 	line("")
 
 	line("## %s", w.usage)

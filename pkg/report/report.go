@@ -67,6 +67,9 @@ type Report struct {
 	InputTokens  int64   `json:"input_tokens"`
 	OutputTokens int64   `json:"output_tokens"`
 	CostUSD      float64 `json:"cost_usd"`
+	// TokensSaved is the estimated input tokens prompt compression took off
+	// the period's requests.
+	TokensSaved int64 `json:"tokens_saved"`
 
 	// QueueWait is queue_wait_ms per priority (1 critical .. 4 low), over
 	// requests that waited in the queue (queue_wait_ms set).
@@ -231,6 +234,7 @@ SELECT count(*),
        count(*) FILTER (WHERE cached = 'exact'),
        count(*) FILTER (WHERE cached = 'semantic'),
        count(*) FILTER (WHERE cached = 'coalesced'),
+       coalesce(sum(tokens_saved), 0),
        avg(cost_usd) FILTER (WHERE status = 'completed' AND cached = 'none' AND served_provider IS NOT NULL),
        count(*) FILTER (WHERE status = 'completed' AND cached = 'none' AND finished_at IS NOT NULL),
        percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - created_at) * 1000)
@@ -238,7 +242,7 @@ SELECT count(*),
        percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - created_at) * 1000)
          FILTER (WHERE status = 'completed' AND cached = 'none' AND finished_at IS NOT NULL)
 FROM requests WHERE `+period, r.From, r.To).Scan(
-		&r.Total, &r.Cache.Exact, &r.Cache.Semantic, &r.Cache.Coalesced,
+		&r.Total, &r.Cache.Exact, &r.Cache.Semantic, &r.Cache.Coalesced, &r.TokensSaved,
 		&avgCost, &r.Latency.Count, &p50, &p95)
 	if err != nil {
 		return err

@@ -3,6 +3,7 @@ package service_test
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -57,12 +58,23 @@ type opts struct {
 	mock     mockprovider.Config
 	extraYML string // appended to the generated config
 	keysYML  string // replaces the default keys section
+	// providersYML are more provider lines (indented two spaces); the
+	// mock's URL is available as {mock}.
+	providersYML string
+	// fallbackYML, when set, replaces the fallback section.
+	fallbackYML string
 	// tenantYML is one more tenant entry (a YAML flow mapping).
 	tenantYML string
 	// pgDSN, when set, rewrites the DSN the processes get from that of
 	// the test's database (e.g. to a proxy in front of it).
 	pgDSN func(string) string
 }
+
+const defaultFallback = `fallback:
+  claude/haiku: openai/gpt4o-mini
+  claude/sonnet: openai/gpt4o
+  openai/gpt4o-mini: claude/haiku
+  openai/gpt4o: claude/sonnet`
 
 const defaultKeys = `
 keys:
@@ -104,18 +116,17 @@ log: {format: json, level: debug}
 providers:
   claude: {base_url: %q, timeout: 10s, tiers: {haiku: claude-haiku-4-5, sonnet: claude-sonnet-4-5}}
   openai: {base_url: %q, timeout: 10s, tiers: {gpt4o-mini: gpt-4o-mini, gpt4o: gpt-4o}}
-fallback:
-  claude/haiku: openai/gpt4o-mini
-  claude/sonnet: openai/gpt4o
-  openai/gpt4o-mini: claude/haiku
-  openai/gpt4o: claude/sonnet
+%s
+%s
 models: {gpt-4o: openai/gpt4o, claude-sonnet: claude/sonnet}
 tenants:
   - {name: demo, token: %q, max_priority: critical, max_queued: -1, max_streams: -1, max_sync_waits: -1}
   - {name: other, token: "other-token", max_priority: critical}
 %s
 %s
-%s`, adminToken, s.redis.Addr, s.redis.DB, dsn, s.mockTS.URL, s.mockTS.URL, devToken, tenantLine(o.tenantYML), keys, o.extraYML)
+%s`, adminToken, s.redis.Addr, s.redis.DB, dsn, s.mockTS.URL, s.mockTS.URL,
+		strings.ReplaceAll(o.providersYML, "{mock}", s.mockTS.URL), cmp.Or(o.fallbackYML, defaultFallback),
+		devToken, tenantLine(o.tenantYML), keys, o.extraYML)
 	s.doc = doc
 	s.cfg, err = config.Parse([]byte(doc), func(string) (string, bool) { return "", false })
 	if err != nil {

@@ -28,6 +28,7 @@ import (
 	"bulwark/pkg/breaker"
 	"bulwark/pkg/cache"
 	"bulwark/pkg/coalesce"
+	"bulwark/pkg/compress"
 	"bulwark/pkg/config"
 	"bulwark/pkg/embed"
 	"bulwark/pkg/finish"
@@ -65,6 +66,8 @@ type Base struct {
 	Notifier   *alert.Notifier
 	// Cache is nil when the cache is disabled.
 	Cache *cache.Cache
+	// Compressor is nil unless compression.enabled.
+	Compressor *compress.Compressor
 
 	// migrated is set once PostgreSQL's schema is known to be current;
 	// until then cache and history calls fail and are counted (pg.go).
@@ -157,6 +160,11 @@ func Open(ctx context.Context, cfg *config.Config, logger *slog.Logger) (b *Base
 	b.History.OnDrop = func() { b.Metrics.HistoryDropped.Inc() }
 	b.History.Outbox(b.Redis, ks.HistoryOutbox(), history.OutboxMaxDefault)
 
+	if cfg.Compression.Enabled {
+		if b.Compressor, err = compress.New(cfg.CompressConfig()); err != nil {
+			return nil, fmt.Errorf("service: compression: %w", err)
+		}
+	}
 	if *cfg.Cache.Enabled {
 		emb, err := embed.New(cfg.EmbedConfig())
 		if err != nil {

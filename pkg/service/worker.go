@@ -16,6 +16,8 @@ import (
 	"bulwark/pkg/maintenance"
 	"bulwark/pkg/priority"
 	"bulwark/pkg/provider/anthropic"
+	"bulwark/pkg/provider/azure"
+	"bulwark/pkg/provider/bedrock"
 	"bulwark/pkg/provider/openai"
 	"bulwark/pkg/queue"
 	"bulwark/pkg/report"
@@ -32,9 +34,37 @@ func (b *Base) Clients() map[llm.Provider]llm.Client {
 			out[name] = anthropic.New(anthropic.Config{BaseURL: p.BaseURL, Timeout: p.Timeout}, hc)
 		case config.KindOpenAI, config.KindLocal:
 			out[name] = openai.New(openai.Config{BaseURL: p.BaseURL, Timeout: p.Timeout}, hc)
+		case config.KindBedrock:
+			out[name] = bedrock.New(bedrock.Config{Provider: name, BaseURL: p.BaseURL, Timeout: p.Timeout}, hc)
+		case config.KindAzure:
+			out[name] = azure.New(b.azureConfig(name, p), hc)
 		}
 	}
 	return out
+}
+
+// azureConfig is an Azure provider's adapter configuration: its PTU keys,
+// and with auth entra the environment's Azure credential chain. Should
+// that chain not build, the adapter is left without one and every call
+// fails as an auth error (its keys are disabled and alerted), as a
+// rejected key would.
+func (b *Base) azureConfig(name llm.Provider, p config.ProviderCfg) azure.Config {
+	c := azure.Config{Name: name, BaseURL: p.BaseURL, APIVersion: p.APIVersion, Auth: p.Auth, Timeout: p.Timeout,
+		PTUKeys: map[string]bool{}}
+	for _, k := range b.Cfg.Keys {
+		if k.Provider == name && k.PTU {
+			c.PTUKeys[k.ID] = true
+		}
+	}
+	if p.Auth == config.AuthEntra {
+		ts, err := azure.NewDefaultTokenSource(nil)
+		if err != nil {
+			b.Logger.Error("azure: no Entra ID credential; its calls will fail", "provider", string(name), "err", err)
+		} else {
+			c.Token = ts
+		}
+	}
+	return c
 }
 
 // Worker builds the asynq server and its handlers (provider calls and the
@@ -46,11 +76,15 @@ func (b *Base) Worker(clients map[llm.Provider]llm.Client) (*asynq.Server, *asyn
 	if b.Cache != nil {
 		ca = b.Cache
 	}
-	d := dispatch.New(dispatch.Config{
+	dc := dispatch.Config{
 		Clients: clients, RouteOrder: cfg.RouteOrder, ModelName: cfg.ModelName, Price: cfg.Price,
 		MaxActive: cfg.MaxActive(), PaceWait: cfg.Worker.PaceWait, HoldWait: cfg.Worker.HoldWait,
 		SlotRenew: cfg.Queue.SlotLease / 3,
-	}, dispatch.Deps{
+	}
+	if b.Compressor != nil {
+		dc.Compress = b.Compressor.Request
+	}
+	d := dispatch.New(dc, dispatch.Deps{
 		Jobs: b.Jobs, Starts: b.Queue, Slots: b.Slots, Pool: b.Pool, Breakers: b.Breakers,
 		Finisher: b.Finisher, Cache: ca,
 		Alerter: b, Metrics: b.Metrics, Logger: b.Logger,

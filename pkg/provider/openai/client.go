@@ -140,7 +140,9 @@ func (c *Client) Complete(ctx context.Context, cred llm.Credential, req *llm.Req
 		return nil, err
 	}
 	h := http.Header{}
-	h.Set("Authorization", "Bearer "+apiKey.Reveal())
+	if !apiKey.IsZero() { // a local server (kind local) may need none
+		h.Set("Authorization", "Bearer "+apiKey.Reveal())
+	}
 	h.Set("User-Agent", provider.UserAgent)
 	reply, err := provider.Post(ctx, c.hc, provider.Call{
 		Provider: llm.ProviderOpenAI,
