@@ -51,6 +51,12 @@ type Limits struct {
 	// max_tokens at admission; the unused part of max_tokens is credited
 	// back after the answer. A request above TPM itself never passes.
 	TPM int `json:"tpm"`
+	// MaxConcurrent is a local model server's parallel slots (Ollama's
+	// OLLAMA_NUM_PARALLEL plus its queue, llama.cpp's --parallel): a
+	// request beyond it is refused at once with 503 and Ollama's "server
+	// busy, please try again. maximum pending requests exceeded" (the
+	// harsher real case: vLLM queues instead). 0: no limit.
+	MaxConcurrent int `json:"max_concurrent"`
 }
 
 // Config configures a Server. The zero value is a mock without latency or
@@ -437,6 +443,12 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, wr wire) {
 func (s *Server) admit(w http.ResponseWriter, wr wire, reqID string, lk limiterKey, cl *call) (*limiter, bool) {
 	p, cost := wr.provider(), cl.inputTokens+cl.reserve
 	s.mu.Lock()
+	if s.busy(lk.fp) {
+		s.book.record(p, lk.fp, func(c *Counters) { c.Requests++; c.Busy++ })
+		s.mu.Unlock()
+		wr.writeError(w, &apiError{kind: errOverloaded, custom: ollamaBusy}, reqID)
+		return nil, false
+	}
 	now := s.now()
 	lim := s.limiter(lk, now)
 	v := lim.admit(now, cost)
@@ -451,6 +463,20 @@ func (s *Server) admit(w http.ResponseWriter, wr wire, reqID string, lk limiterK
 	wr.setRateHeaders(w.Header(), snap)
 	wr.writeError(w, refusal(v, snap, cost, cl.model), reqID)
 	return nil, false
+}
+
+// ollamaBusy is Ollama's answer when its queue is full.
+const ollamaBusy = "server busy, please try again.  maximum pending requests exceeded"
+
+// busy reports whether the key fp has its MaxConcurrent calls in flight.
+// s.mu is held.
+func (s *Server) busy(fp string) bool {
+	l, ok := s.keyLimits[fp]
+	if !ok {
+		l = s.defaultLimits
+	}
+	g := s.flights.keys[fp]
+	return l.MaxConcurrent > 0 && g != nil && g.now >= int64(l.MaxConcurrent)
 }
 
 // refusal is the 429 for a verdict. Its limit and usage figures come from

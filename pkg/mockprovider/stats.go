@@ -25,6 +25,9 @@ type Counters struct {
 	// RateLimited counts 429s from the RPM/TPM buckets: over-subscription
 	// by the caller. Injected 429s are not counted here.
 	RateLimited int64 `json:"rate_limited"`
+	// Busy counts 503s of a key at its MaxConcurrent calls: a local
+	// server's over-subscription.
+	Busy int64 `json:"busy"`
 	// Injected counts injected faults by mode.
 	Injected map[FaultMode]int64 `json:"injected,omitempty"`
 	// Invalid counts 4xx answers to malformed requests.
@@ -77,6 +80,7 @@ func (c *Counters) add(o Counters) {
 	c.Requests += o.Requests
 	c.OK += o.OK
 	c.RateLimited += o.RateLimited
+	c.Busy += o.Busy
 	c.Invalid += o.Invalid
 	c.Unauthorized += o.Unauthorized
 	c.InputTokens += o.InputTokens

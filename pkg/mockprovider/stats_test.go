@@ -1,6 +1,7 @@
 package mockprovider
 
 import (
+	"context"
 	"net/http"
 	"strings"
 	"testing"
@@ -143,4 +144,36 @@ func TestConfigValidation(t *testing.T) {
 	if _, err := New(Config{Window: WindowMax}); err != nil {
 		t.Errorf("Window = WindowMax: %v", err)
 	}
+}
+
+// A key at its MaxConcurrent calls (a local model server's parallel slots)
+// is refused at once with 503 and Ollama's "server busy" text, counted as
+// Busy, not as a rate limit.
+func TestMaxConcurrentRefusesBusy(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{Keys: map[string]Limits{"local-key": {MaxConcurrent: 1}}})
+	b.srv.SetLatency(time.Hour) // the first call stays in flight until cancelled
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, b.url+"/v1/chat/completions",
+			strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"slow"}],"max_tokens":10}`))
+		req.Header.Set("Authorization", "Bearer local-key")
+		req.Header.Set("Content-Type", "application/json")
+		if resp, err := b.client.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	waitFor(t, "the first call in flight", func() bool { return b.srv.Stats().Keys[Fingerprint("local-key")].InFlight == 1 })
+	r := b.chat(t, "local-key", chatText("second", 10))
+	wantStatus(t, r, http.StatusServiceUnavailable)
+	if !strings.Contains(string(r.body), "server busy") {
+		t.Fatalf("busy answer: %s", r.body)
+	}
+	if st := b.srv.Stats().Keys[Fingerprint("local-key")]; st.Busy != 1 || st.RateLimited != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	cancel()
+	<-done
 }
