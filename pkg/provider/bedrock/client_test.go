@@ -1,35 +1,16 @@
 package bedrock
 
-// The adapter's cases of the conformance suite (pkg/provider/providertest).
-//
-// providertest.Run is not used: it holds an adapter to what Bulwark's
-// compat endpoints need, and Bedrock has none. Its Errors section reads
-// back the adapter's own EncodeError bodies with a Bulwark code that must
-// come back as the Code (a 404 "model_not_found" as model_unavailable, a
-// bodyless 404 as permanent), which a Bedrock body cannot carry without a
-// field Bedrock does not have; its Wire section wants a body that names
-// its model and a stream writer; its client cases send an API key and no
-// region. Run has no way to skip a section, so the cases that apply are
-// here, in the same words: the request the client sends (path under any
-// base URL, signed headers, body), the answers it reads, the statuses
-// every provider classifies alike, no secret in any error, and the
-// transport cases. The mock cases run against pkg/mockprovider's Bedrock
-// endpoint in mock_test.go.
-
 import (
-	"context"
-	"errors"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 
 	"bulwark/pkg/llm"
 	"bulwark/pkg/provider"
 	"bulwark/pkg/provider/anthropic"
 	"bulwark/pkg/provider/internal/wiretest"
+	"bulwark/pkg/provider/providertest"
 )
 
 // testClient is a Client signing with the test credentials against base.
@@ -37,56 +18,137 @@ func testClient(base string, hc *http.Client, creds *countingCreds) *Client {
 	return New(Config{BaseURL: base, Credentials: creds}, hc)
 }
 
-// Every neutral request encodes to its golden InvokeModel body, which
-// Bedrock's reading of it (decodeInvokeBody) turns back into the request.
-func TestRequestGolden(t *testing.T) {
-	t.Parallel()
-	for _, tc := range wiretest.Requests() {
-		t.Run(tc.Name, func(t *testing.T) {
-			t.Parallel()
-			body, err := EncodeRequest(tc.Value, "")
-			if err != nil {
-				t.Fatal(err)
-			}
-			wiretest.Golden(t, "request_"+tc.Name+".json", body)
-			version, got, err := decodeInvokeBody(tc.Value.Model, body)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if version != AnthropicVersionDefault {
-				t.Errorf("anthropic_version %q", version)
-			}
-			if d := wiretest.Diff(tc.Value, got); d != "" {
-				t.Errorf("decode(EncodeRequest(x)) != x (-want +got):\n%s", d)
-			}
-		})
-	}
+// suiteModel is the model of every request the conformance suite's client
+// cases send, which Bedrock's path names.
+const suiteModel = "test-model"
 
-	t.Run("refused", func(t *testing.T) {
-		t.Parallel()
-		if _, err := EncodeRequest(&llm.Request{MaxTokens: 1}, ""); err == nil {
-			t.Error("a request without a model encoded")
-		}
-		if _, err := EncodeRequest(nil, ""); err == nil {
-			t.Error("a nil request encoded")
-		}
-		body, err := EncodeRequest(textRequest(testModel), "bedrock-2099-01-01")
-		if err != nil || !strings.Contains(string(body), `"anthropic_version":"bedrock-2099-01-01"`) {
-			t.Errorf("version not sent: %s (%v)", body, err)
-		}
+// TestConformance holds the adapter to what every provider adapter must
+// do; the rest of this package's tests cover what only Bedrock does. The
+// suite's fake provider verifies each request's SigV4 signature
+// (checkSigned), and every call is a key of testRegion signed with the test
+// credentials. Bedrock lacks what a compat endpoint needs, so the suite
+// skips: the own-error read-back (no EncodeError: Bulwark has no Bedrock
+// endpoint), the stream golden file (no stream writer: InvokeModel does
+// not stream), the SDK cases, and the cases of a key string (a key no
+// header can carry, a missing key), which TestCredentialsNoHeaderCanCarry
+// and TestCredentials* cover in Bedrock's terms. The body carries no model
+// (the path does), so requests are compared without it.
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	providertest.Run(t, providertest.Harness{
+		Provider:   ProviderDefault,
+		ConfigName: "bedrock",
+		Constructor: providertest.ConstructorOf(func(c providertest.Config) Config {
+			return Config{BaseURL: c.BaseURL, Timeout: c.Timeout, Credentials: staticCreds(testAKID, testSecret, testToken)}
+		}, New),
+		Path:            InvokePath(suiteModel),
+		VersionlessPath: true,
+		CheckRequest:    checkSigned,
+		Credential:      func(string) llm.Credential { return cred(testRegion) },
+		Secrets:         []string{testAKID, testToken, "123456789012"},
+		Model:           testModel,
+		Wire: providertest.Wire{
+			EncodeRequest: func(r *llm.Request) ([]byte, error) { return EncodeRequest(r, "") },
+			DecodeRequest: func(body []byte) (providertest.Info, *llm.Request, error) {
+				// The fake Bedrock's reading, with the model the path of
+				// every suite request names, which the body does not.
+				_, req, err := decodeInvokeBody(suiteModel, body)
+				if err != nil {
+					return providertest.Info{}, nil, err
+				}
+				req.Model = ""
+				return providertest.Info{}, req, nil
+			},
+			// The answer is Anthropic's Messages response.
+			EncodeResponse: anthropic.EncodeResponse,
+			DecodeResponse: anthropic.DecodeResponse,
+			NoModelInBody:  true,
+		},
+		// Bedrock sends no rate-limit headers: Anthropic's, were a proxy to
+		// pass them, are not Bedrock's and are not read.
+		RateLimit: providertest.RateLimitCase{Header: map[string]string{
+			"anthropic-ratelimit-requests-limit": "50", "x-amzn-RequestId": "8d9a0ad6-2b0e-4f9e-9b5e-0f6f3c1f2a11"}},
+		Leak: providertest.LeakCase{
+			File:    "echoes_key.json",
+			Key:     "AKIAI44QH8DHBEXAMPLE",
+			Secrets: []string{testAKID, testSecret, testToken, "123456789012"},
+			Message: "security token included in the request is invalid",
+		},
+		BadRequests: []providertest.BadRequest{
+			{Name: "model in the body", Body: `{"model":"m","anthropic_version":"bedrock-2023-05-31","max_tokens":1,"messages":[]}`, Want: "extraneous key [model]"},
+			{Name: "stream in the body", Body: `{"stream":true,"anthropic_version":"bedrock-2023-05-31","max_tokens":1,"messages":[]}`, Want: "extraneous key [stream]"},
+			{Name: "no anthropic_version", Body: `{"max_tokens":1,"messages":[]}`, Want: "required key [anthropic_version] not found"},
+		},
+		Mock: "bedrock",
+		// The mock answers in Bedrock's shape: an error type, no
+		// Retry-After, an account quota for a spend cap.
+		MockErrors: map[string]providertest.MockError{
+			"rate_limit":         {Class: llm.ClassRateLimited, Status: 429, Code: "ThrottlingException", Message: "Too many requests"},
+			"overloaded":         {Class: llm.ClassOverloaded, Status: 503, Code: "ServiceUnavailableException"},
+			"server_error":       {Class: llm.ClassTransient, Status: 500, Code: "InternalServerException"},
+			"spend_limit":        {Class: llm.ClassRateLimited, Status: 400, Code: "ServiceQuotaExceededException", Message: "service quota"},
+			"insufficient_quota": {Class: llm.ClassRateLimited, Status: 400, Code: "ServiceQuotaExceededException"},
+			"invalid_request":    {Class: llm.ClassPermanent, Status: 400, Code: "ValidationException"},
+			"message echoing the key": {Class: llm.ClassTransient, Status: 500, Code: "InternalServerException",
+				Message: "upstream refused"},
+			"buckets": {Class: llm.ClassRateLimited, Status: 429, Code: "ThrottlingException",
+				Message: "Too many requests, please wait before trying again."},
+		},
 	})
 }
 
+// checkSigned is the suite's check of a request as Bedrock would make it:
+// a valid SigV4 signature by the test secret, for "bedrock" in the key's
+// region, the session token sent and signed, JSON accepted.
+func checkSigned(r *http.Request, body []byte) error {
+	if err := verifySigV4(r, body, testSecret); err != nil {
+		return err
+	}
+	h := r.Header
+	auth := h.Get("Authorization")
+	scope := "Credential=" + testAKID + "/" + h.Get("X-Amz-Date")[:8] + "/" + testRegion + "/bedrock/aws4_request"
+	if !strings.Contains(auth, scope) || h.Get("X-Amz-Security-Token") != testToken || !strings.Contains(auth, "x-amz-security-token") {
+		return fmt.Errorf("Authorization %q (token %q), want scope %s and the token signed", auth, h.Get("X-Amz-Security-Token"), scope)
+	}
+	if h.Get("Accept") != "application/json" {
+		return fmt.Errorf("Accept %q, want application/json", h.Get("Accept"))
+	}
+	return nil
+}
+
+// The anthropic_version sent, and the requests EncodeRequest refuses (the
+// client fails them as permanent, sending nothing).
+func TestEncodeRequest(t *testing.T) {
+	t.Parallel()
+	body, err := EncodeRequest(textRequest(testModel), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if version, _, err := decodeInvokeBody(testModel, body); err != nil || version != AnthropicVersionDefault {
+		t.Errorf("anthropic_version %q (%v)", version, err)
+	}
+	if _, err := EncodeRequest(&llm.Request{MaxTokens: 1}, ""); err == nil {
+		t.Error("a request without a model encoded")
+	}
+	if _, err := EncodeRequest(nil, ""); err == nil {
+		t.Error("a nil request encoded")
+	}
+	body, err = EncodeRequest(textRequest(testModel), "bedrock-2099-01-01")
+	if err != nil || !strings.Contains(string(body), `"anthropic_version":"bedrock-2099-01-01"`) {
+		t.Errorf("version not sent: %s (%v)", body, err)
+	}
+	pe := failure(t, New(Config{Credentials: staticCreds(testAKID, testSecret, "")}, nil), cred(testRegion), &llm.Request{MaxTokens: 1})
+	if pe.Class != llm.ClassPermanent {
+		t.Errorf("error %v, want permanent", pe)
+	}
+}
+
+// What the suite's Transport cases do not cover of Bedrock's config: the
+// provider name, the defaults, and the fields only Bedrock has.
 func TestProviderAndConfig(t *testing.T) {
 	t.Parallel()
-	if got := New(Config{}, nil).Provider(); got != "bedrock" {
-		t.Errorf("Provider() = %s", got)
-	}
 	if got := New(Config{Provider: "bedrock-eu"}, nil).Provider(); got != "bedrock-eu" {
 		t.Errorf("Provider() = %s", got)
-	}
-	if err := (Config{}).Validate(); err != nil {
-		t.Errorf("zero Config invalid: %v", err)
 	}
 	d := Config{}.WithDefaults()
 	if d.Timeout != TimeoutDefault || d.AnthropicVersion != "bedrock-2023-05-31" || d.BaseURL != "" || d.Provider != "bedrock" {
@@ -96,9 +158,7 @@ func TestProviderAndConfig(t *testing.T) {
 		cfg   Config
 		field string
 	}{
-		{Config{BaseURL: "ftp://x"}, "bedrock.BaseURL"},
 		{Config{BaseURL: "http://h/p?x=1"}, "bedrock.BaseURL"},
-		{Config{Timeout: -time.Second}, "bedrock.Timeout"},
 		{Config{Provider: "Bed Rock"}, "bedrock.Provider"},
 		{Config{AnthropicVersion: "v\n1"}, "bedrock.AnthropicVersion"},
 	} {
@@ -113,11 +173,10 @@ func TestProviderAndConfig(t *testing.T) {
 	}
 }
 
-// The request the client sends: POST to /model/{escaped id}/invoke below
-// the base URL (a gateway's prefix, a trailing slash), signed with SigV4
-// for "bedrock" in the key's region over the headers and the body's hash,
-// the session token sent and signed, the body Bedrock accepts.
-func TestRequestShape(t *testing.T) {
+// Model ids with ":" and ARNs with "/" go into the path escaped, below a
+// gateway's prefix, and the body Bedrock accepts is sent (fakeBedrock
+// checks both, and the signature).
+func TestModelIDsInPath(t *testing.T) {
 	t.Parallel()
 	for _, tt := range []struct{ prefix, base, model string }{
 		{"", "", testModel},
@@ -134,9 +193,7 @@ func TestRequestShape(t *testing.T) {
 			}
 			seen := make(chan received, 1)
 			srv := fakeBedrock(t, tt.prefix, testSecret, answer{status: 200, body: resp}, func(r received) { seen <- r })
-			creds := staticCreds(testAKID, testSecret, testToken)
-			c := testClient(srv.URL+tt.base, srv.Client(), creds)
-			if _, err := c.Complete(t.Context(), cred(testRegion), want); err != nil {
+			if _, err := testClient(srv.URL+tt.base, srv.Client(), staticCreds(testAKID, testSecret, testToken)).Complete(t.Context(), cred(testRegion), want); err != nil {
 				t.Fatal(err)
 			}
 			got := <-seen
@@ -144,14 +201,8 @@ func TestRequestShape(t *testing.T) {
 			if d := wiretest.Diff(want, req); d != "" {
 				t.Errorf("Bedrock received another request (-want +got):\n%s", d)
 			}
-			h := got.r.Header
-			scope := "Credential=" + testAKID + "/" + h.Get("X-Amz-Date")[:8] + "/" + testRegion + "/bedrock/aws4_request"
-			if !strings.Contains(h.Get("Authorization"), scope) || h.Get("X-Amz-Security-Token") != testToken ||
-				!strings.Contains(h.Get("Authorization"), "x-amz-security-token") {
-				t.Errorf("Authorization %q (token %q), want scope %s and the token signed", h.Get("Authorization"), h.Get("X-Amz-Security-Token"), scope)
-			}
-			if got.r.Header.Get("User-Agent") != provider.UserAgent || got.r.Header.Get("Accept") != "application/json" {
-				t.Errorf("headers %v", got.r.Header)
+			if err := checkSigned(got.r, got.body); err != nil {
+				t.Error(err)
 			}
 		})
 	}
@@ -177,6 +228,9 @@ func TestSignedEveryTimeCredentialsCached(t *testing.T) {
 		if r.r.Header.Get("X-Amz-Security-Token") != "" {
 			t.Error("a session token was sent for long-term credentials")
 		}
+		if r.r.Header.Get("User-Agent") != provider.UserAgent {
+			t.Errorf("User-Agent %q", r.r.Header.Get("User-Agent"))
+		}
 		auths = append(auths, r.r.Header.Get("Authorization"))
 	}
 	if auths[0] == auths[1] {
@@ -187,154 +241,15 @@ func TestSignedEveryTimeCredentialsCached(t *testing.T) {
 	}
 }
 
-// The answers the client reads: every response case comes back as sent;
-// Bedrock sends no rate-limit headers, so the rate limit is unknown.
-func TestSuccess(t *testing.T) {
+// Credentials no header can carry are an auth failure, nothing sent and
+// nothing of them in the error: Bedrock's form of the suite's key with a
+// newline, which it skips.
+func TestCredentialsNoHeaderCanCarry(t *testing.T) {
 	t.Parallel()
-	for _, tc := range wiretest.Responses() {
-		t.Run(tc.Name, func(t *testing.T) {
-			t.Parallel()
-			body, err := anthropic.EncodeResponse(tc.Value, "")
-			if err != nil {
-				t.Fatal(err)
-			}
-			// Anthropic's headers, were a proxy to pass them, are not
-			// Bedrock's and are not read.
-			srv := fakeBedrock(t, "", testSecret, answer{status: 200, body: body,
-				header: map[string]string{"anthropic-ratelimit-requests-limit": "50", "x-amzn-RequestId": "8d9a0ad6-2b0e-4f9e-9b5e-0f6f3c1f2a11"}}, nil)
-			res, err := testClient(srv.URL, srv.Client(), staticCreds(testAKID, testSecret, "")).Complete(t.Context(), cred(testRegion), textRequest(testModel))
-			if err != nil {
-				t.Fatal(err)
-			}
-			if d := wiretest.Diff(tc.Value, res.Response); d != "" {
-				t.Errorf("response (-want +got):\n%s", d)
-			}
-			if res.RateLimit != (llm.RateLimit{}) || res.Latency <= 0 {
-				t.Errorf("rate limit %+v, latency %s", res.RateLimit, res.Latency)
-			}
-		})
+	for _, cr := range []*countingCreds{staticCreds("AKID\n", testSecret, ""), staticCreds(testAKID, testSecret, "tok\r\nen")} {
+		pe := failure(t, New(Config{Credentials: cr}, nil), cred(testRegion), textRequest(testModel))
+		if pe.Class != llm.ClassAuth || strings.Contains(pe.Error(), "tok") {
+			t.Errorf("error %v, want auth", pe)
+		}
 	}
-}
-
-// Statuses without a Bedrock error type classify as every provider's do.
-func TestSharedStatuses(t *testing.T) {
-	t.Parallel()
-	for _, tt := range []struct {
-		status int
-		class  llm.Class
-		body   string
-		retry  map[string]string
-		after  time.Duration
-		msg    string
-	}{
-		{302, llm.ClassTransient, "", nil, 0, ""},
-		{400, llm.ClassPermanent, "", nil, 0, ""},
-		{401, llm.ClassAuth, "", nil, 0, ""},
-		{402, llm.ClassQuota, "", nil, 0, ""},
-		{403, llm.ClassAuth, "", nil, 0, ""},
-		{404, llm.ClassPermanent, "", nil, 0, ""},
-		{408, llm.ClassTransient, "", nil, 0, ""},
-		{409, llm.ClassPermanent, "", nil, 0, ""},
-		{413, llm.ClassPermanent, "", nil, 0, ""},
-		{422, llm.ClassPermanent, "", nil, 0, ""},
-		{429, llm.ClassRateLimited, "", nil, 0, ""},
-		{500, llm.ClassTransient, "upstream connect error", nil, 0, "upstream connect error"},
-		{502, llm.ClassTransient, "<html><head><title>502 Bad Gateway</title></head><body>nginx</body></html>",
-			map[string]string{"retry-after": "garbage"}, 0, "502 Bad Gateway"},
-		{503, llm.ClassTransient, "", nil, 0, ""},
-		{504, llm.ClassTransient, "", nil, 0, ""},
-		{529, llm.ClassOverloaded, "", nil, 0, ""},
-		{429, llm.ClassRateLimited, "", map[string]string{"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"}, 0, ""},
-		{429, llm.ClassRateLimited, "", map[string]string{"retry-after": "1.5"}, 1500 * time.Millisecond, ""},
-		{429, llm.ClassRateLimited, "", map[string]string{"retry-after": "86400"}, provider.MaxRetryAfter, ""},
-	} {
-		t.Run(fmt.Sprintf("%d %s %v", tt.status, tt.body, tt.retry), func(t *testing.T) {
-			t.Parallel()
-			srv := fakeBedrock(t, "", testSecret, answer{status: tt.status, body: []byte(tt.body), header: tt.retry}, nil)
-			pe := failure(t, testClient(srv.URL, srv.Client(), staticCreds(testAKID, testSecret, "")), cred(testRegion), textRequest(testModel))
-			if pe.Class != tt.class || pe.Status != tt.status || pe.Code != "" || pe.Provider != "bedrock" ||
-				pe.RetryAfter != tt.after || !strings.Contains(pe.Message, tt.msg) || pe.RateLimit != (llm.RateLimit{}) {
-				t.Errorf("got %+v, want class %s, retry after %s, message %q", pe, tt.class, tt.after, tt.msg)
-			}
-		})
-	}
-}
-
-// The transport cases every adapter shares.
-func TestTransport(t *testing.T) {
-	t.Parallel()
-	creds := func() *countingCreds { return staticCreds(testAKID, testSecret, "") }
-
-	t.Run("own timeout is transient", func(t *testing.T) {
-		t.Parallel()
-		srv := wiretest.Hang(t)
-		c := New(Config{BaseURL: srv.URL, Timeout: 50 * time.Millisecond, Credentials: creds()}, srv.Client())
-		_, err := c.Complete(t.Context(), cred(testRegion), textRequest(testModel))
-		if class, ok := llm.ClassOf(err); !ok || class != llm.ClassTransient || errors.Is(err, context.DeadlineExceeded) {
-			t.Fatalf("error %v: class %s, want transient and not the caller's deadline", err, class)
-		}
-	})
-
-	t.Run("caller cancel is the context error", func(t *testing.T) {
-		t.Parallel()
-		srv, ctx := wiretest.CancelWhenIn(t, nil)
-		_, err := testClient(srv.URL, srv.Client(), creds()).Complete(ctx, cred(testRegion), textRequest(testModel))
-		if _, ok := llm.ClassOf(err); !errors.Is(err, context.Canceled) || ok {
-			t.Fatalf("error %v, want an unclassified context.Canceled", err)
-		}
-	})
-
-	t.Run("connection refused is transient", func(t *testing.T) {
-		t.Parallel()
-		srv := httptest.NewServer(http.NotFoundHandler())
-		url := srv.URL
-		srv.Close()
-		_, err := testClient(url, nil, creds()).Complete(t.Context(), cred(testRegion), textRequest(testModel))
-		if class, ok := llm.ClassOf(err); !ok || class != llm.ClassTransient {
-			t.Fatalf("error %v: class %s, want transient", err, class)
-		}
-	})
-
-	t.Run("redirects are not followed, so the signature stays home", func(t *testing.T) {
-		t.Parallel()
-		elsewhere := httptest.NewServer(http.HandlerFunc(func(_ http.ResponseWriter, r *http.Request) {
-			t.Errorf("redirect followed; the other host got %v", r.Header)
-		}))
-		t.Cleanup(elsewhere.Close)
-		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			http.Redirect(w, r, elsewhere.URL+r.URL.Path, http.StatusTemporaryRedirect)
-		}))
-		t.Cleanup(srv.Close)
-		pe := failure(t, testClient(srv.URL, srv.Client(), creds()), cred(testRegion), textRequest(testModel))
-		if pe.Status != http.StatusTemporaryRedirect || pe.Class != llm.ClassTransient {
-			t.Fatalf("error %v, want a transient *llm.Error with status 307", pe)
-		}
-	})
-
-	t.Run("unreadable 200 is transient", func(t *testing.T) {
-		t.Parallel()
-		srv := fakeBedrock(t, "", testSecret, answer{status: 200, body: []byte("<html>maintenance " + testAKID + "</html>")}, nil)
-		pe := failure(t, testClient(srv.URL, srv.Client(), creds()), cred(testRegion), textRequest(testModel))
-		if pe.Class != llm.ClassTransient || strings.Contains(pe.Error(), testAKID) {
-			t.Fatalf("error %v, want transient and no access key id", pe)
-		}
-	})
-
-	t.Run("credentials no header can carry are an auth failure", func(t *testing.T) {
-		t.Parallel()
-		for _, cr := range []*countingCreds{staticCreds("AKID\n", testSecret, ""), staticCreds(testAKID, testSecret, "tok\r\nen")} {
-			pe := failure(t, New(Config{Credentials: cr}, nil), cred(testRegion), textRequest(testModel))
-			if pe.Class != llm.ClassAuth || strings.Contains(pe.Error(), "tok") {
-				t.Errorf("error %v, want auth", pe)
-			}
-		}
-	})
-
-	t.Run("a request the adapter cannot encode is permanent", func(t *testing.T) {
-		t.Parallel()
-		pe := failure(t, New(Config{Credentials: creds()}, nil), cred(testRegion), &llm.Request{MaxTokens: 1})
-		if pe.Class != llm.ClassPermanent {
-			t.Errorf("error %v, want permanent", pe)
-		}
-	})
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,7 +14,6 @@ import (
 	"bulwark/pkg/llm"
 	"bulwark/pkg/mockprovider"
 	"bulwark/pkg/provider/internal/wiretest"
-	"bulwark/pkg/secret"
 )
 
 // mockNow is the mock's clock: fixed, so that its buckets refill only when
@@ -45,7 +45,7 @@ func (h *Harness) testMock(t *testing.T) {
 		const rpm, tpm = 600, 100000
 		_, c := h.startMock(t, mockprovider.Config{DefaultLimits: mockprovider.Limits{RPM: rpm, TPM: tpm}}, 0)
 		prompt := "Why did OTA batch 42 fail on half the fleet?"
-		res, err := c.Complete(t.Context(), llm.Credential{APIKey: secret.New("sk-mock-text")}, &llm.Request{
+		res, err := c.Complete(t.Context(), h.cred("sk-mock-text"), &llm.Request{
 			Model: "mock-model", MaxTokens: 256, System: "Be brief.", Messages: []llm.Message{userText(prompt)},
 		})
 		if err != nil {
@@ -59,7 +59,13 @@ func (h *Harness) testMock(t *testing.T) {
 		}
 		rl := res.RateLimit
 		used := got.Usage.InputTokens + got.Usage.OutputTokens
-		if !rl.Known || rl.RequestsLimit != rpm || rl.RequestsRemaining != rpm-1 || rl.TokensLimit != tpm ||
+		if !h.RateLimit.Want.Known {
+			// The provider sends no rate-limit headers, nor does the mock
+			// in its shape.
+			if rl != (llm.RateLimit{}) {
+				t.Errorf("rate limit %+v, want none: the provider sends no rate-limit headers", rl)
+			}
+		} else if !rl.Known || rl.RequestsLimit != rpm || rl.RequestsRemaining != rpm-1 || rl.TokensLimit != tpm ||
 			rl.TokensRemaining != tpm-used || rl.RequestsReset.IsZero() || rl.TokensReset.IsZero() {
 			t.Errorf("rate limit %+v, want %d/%d requests and %d/%d tokens left", rl, rpm-1, rpm, tpm-used, tpm)
 		}
@@ -68,7 +74,7 @@ func (h *Harness) testMock(t *testing.T) {
 	t.Run("tool call round trip", func(t *testing.T) {
 		t.Parallel()
 		_, c := h.startMock(t, mockprovider.Config{}, 0)
-		key := secret.New("sk-mock-tools")
+		const key = "sk-mock-tools"
 		schema := json.RawMessage(`{"type":"object","properties":{"query":{"type":"string"}}}`)
 		prompt := "Run fetch_ota_log and lookup_error_code for WVW123."
 		req := &llm.Request{
@@ -76,7 +82,7 @@ func (h *Harness) testMock(t *testing.T) {
 			Tools:    []llm.Tool{{Name: "fetch_ota_log", InputSchema: schema}, {Name: "lookup_error_code", InputSchema: schema}},
 			Messages: []llm.Message{userText(prompt)},
 		}
-		res, err := c.Complete(t.Context(), llm.Credential{APIKey: key}, req)
+		res, err := c.Complete(t.Context(), h.cred(key), req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -105,7 +111,7 @@ func (h *Harness) testMock(t *testing.T) {
 		req.Messages = append(req.Messages,
 			llm.Message{Role: llm.RoleAssistant, Content: calls},
 			llm.Message{Role: llm.RoleUser, Content: results})
-		res, err = c.Complete(t.Context(), llm.Credential{APIKey: key}, req)
+		res, err = c.Complete(t.Context(), h.cred(key), req)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -130,7 +136,8 @@ func (h *Harness) testMock(t *testing.T) {
 		{"insufficient_quota", mockprovider.Fault{Mode: mockprovider.FaultInsufficientQuota}, llm.ClassQuota, 429, 0, ""},
 		{"invalid_request", mockprovider.Fault{Mode: mockprovider.FaultInvalidRequest}, llm.ClassPermanent, 400, 0, ""},
 		{"message echoing the key", mockprovider.Fault{Mode: mockprovider.FaultServerError,
-			Message: "upstream refused key sk-mock-fault-0123456789abcdef"}, llm.ClassTransient, 500, 0, "upstream refused key"},
+			Message: strings.Join(append([]string{"upstream refused key sk-mock-fault-0123456789abcdef"}, h.Secrets...), " ")},
+			llm.ClassTransient, 500, 0, "upstream refused key"},
 	} {
 		t.Run("fault "+tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -140,15 +147,16 @@ func (h *Harness) testMock(t *testing.T) {
 			if err := srv.SetFault(tt.fault); err != nil {
 				t.Fatal(err)
 			}
-			pe := failure(t, c, key)
-			if pe.Class != tt.class || (tt.status != 0 && pe.Status != tt.status) || pe.RetryAfter != tt.retry || pe.Provider != h.Provider {
-				t.Errorf("got %+v; want class %s, status %d, retry after %s", pe, tt.class, tt.status, tt.retry)
-			}
-			if s := pe.Error() + pe.Message + pe.Code; strings.Contains(s, key) || !strings.Contains(pe.Message, tt.message) {
-				t.Errorf("message %q: leaks the key or lacks %q", pe.Message, tt.message)
+			pe := h.failure(t, c, key)
+			want := h.mockError(tt.name, MockError{Class: tt.class, Status: tt.status, RetryAfter: tt.retry, Message: tt.message})
+			h.checkMockError(t, pe, want)
+			if s := pe.Error() + pe.Message + pe.Code; strings.Contains(s, key) || slices.ContainsFunc(h.Secrets, func(secret string) bool {
+				return strings.Contains(s, secret)
+			}) {
+				t.Errorf("message %q leaks the key or a secret", pe.Message)
 			}
 			// The fault was used up: the next call is answered.
-			if _, err := c.Complete(t.Context(), llm.Credential{APIKey: secret.New(key)}, request()); err != nil {
+			if _, err := c.Complete(t.Context(), h.cred(key), request()); err != nil {
 				t.Errorf("call after the fault: %v", err)
 			}
 		})
@@ -160,7 +168,7 @@ func (h *Harness) testMock(t *testing.T) {
 		if err := srv.SetFault(mockprovider.Fault{Provider: h.Mock, Mode: mockprovider.FaultTimeout}); err != nil {
 			t.Fatal(err)
 		}
-		_, err := c.Complete(t.Context(), llm.Credential{APIKey: secret.New("sk-mock-hang")}, request())
+		_, err := c.Complete(t.Context(), h.cred("sk-mock-hang"), request())
 		if class, ok := llm.ClassOf(err); !ok || class != llm.ClassTransient || errors.Is(err, context.DeadlineExceeded) {
 			t.Fatalf("error %v: class %s, want transient and not the caller's deadline", err, class)
 		}
@@ -168,8 +176,11 @@ func (h *Harness) testMock(t *testing.T) {
 
 	t.Run("missing key", func(t *testing.T) {
 		t.Parallel()
+		if h.Credential != nil {
+			t.Skip("no key (Harness.Credential): the credential is not a key string that could be missing")
+		}
 		_, c := h.startMock(t, mockprovider.Config{}, 0)
-		if pe := failure(t, c, ""); pe.Class != llm.ClassAuth || pe.Status != http.StatusUnauthorized {
+		if pe := h.failure(t, c, ""); pe.Class != llm.ClassAuth || pe.Status != http.StatusUnauthorized {
 			t.Fatalf("error %v, want a 401 auth *llm.Error", pe)
 		}
 	})
@@ -179,17 +190,41 @@ func (h *Harness) testMock(t *testing.T) {
 		// 60 RPM over the default 1 s window: one call, then one a second.
 		const rpm = 60
 		_, c := h.startMock(t, mockprovider.Config{DefaultLimits: mockprovider.Limits{RPM: rpm}}, 0)
-		if _, err := c.Complete(t.Context(), llm.Credential{APIKey: secret.New("sk-mock-bucket")}, request()); err != nil {
+		if _, err := c.Complete(t.Context(), h.cred("sk-mock-bucket"), request()); err != nil {
 			t.Fatal(err)
 		}
-		pe := failure(t, c, "sk-mock-bucket")
+		pe := h.failure(t, c, "sk-mock-bucket")
 		rl := pe.RateLimit
-		if pe.Class != llm.ClassRateLimited || pe.Status != http.StatusTooManyRequests || pe.RetryAfter != time.Second ||
-			!strings.Contains(strings.ToLower(pe.Message), "rate limit") {
-			t.Errorf("got %+v; want rate_limited 429 after 1s", pe)
+		h.checkMockError(t, pe, h.mockError("buckets", MockError{Class: llm.ClassRateLimited, Status: http.StatusTooManyRequests,
+			RetryAfter: time.Second}))
+		if _, own := h.MockErrors["buckets"]; !own && !strings.Contains(strings.ToLower(pe.Message), "rate limit") {
+			t.Errorf("message %q, want one saying rate limit", pe.Message)
 		}
-		if !rl.Known || rl.RequestsLimit != rpm || rl.RequestsRemaining != rpm-1 {
+		if !h.RateLimit.Want.Known {
+			if rl != (llm.RateLimit{}) {
+				t.Errorf("rate limit %+v, want none: the provider sends no rate-limit headers", rl)
+			}
+		} else if !rl.Known || rl.RequestsLimit != rpm || rl.RequestsRemaining != rpm-1 {
 			t.Errorf("rate limit %+v, want %d of %d requests left", rl, rpm-1, rpm)
 		}
 	})
+}
+
+// mockError is what the client must make of the mock's error answer of
+// the case name: Harness.MockErrors' when it names the case, else def.
+func (h *Harness) mockError(name string, def MockError) MockError {
+	if e, ok := h.MockErrors[name]; ok {
+		return e
+	}
+	return def
+}
+
+// checkMockError compares pe with want.
+func (h *Harness) checkMockError(t *testing.T, pe *llm.Error, want MockError) {
+	t.Helper()
+	if pe.Class != want.Class || (want.Status != 0 && pe.Status != want.Status) || (want.Code != "" && pe.Code != want.Code) ||
+		pe.RetryAfter != want.RetryAfter || pe.Provider != h.Provider || !strings.Contains(pe.Message, want.Message) {
+		t.Errorf("got %+v; want class %s, status %d, code %q, retry after %s, a message with %q",
+			pe, want.Class, want.Status, want.Code, want.RetryAfter, want.Message)
+	}
 }

@@ -31,6 +31,16 @@
 //   - Mock: the client against pkg/mockprovider over real HTTP: a text
 //     answer with the mock's rate-limit headers, a tool-call round trip,
 //     every fault mode, and a 429 of the mock's own buckets.
+//
+// An adapter that lacks an ability leaves its Harness field nil or zero,
+// and the cases that need it skip, naming what is missing: no
+// Wire.EncodeError (no compat endpoint) skips the own-error read-back, no
+// Wire.WriteStream the stream golden file, a Harness.Credential that is
+// not a key string the cases of a key no header can carry and of a missing
+// key. Wire.NoModelInBody compares requests without the model, and
+// Harness.CheckRequest lets the fake provider verify what KeyHeaders
+// cannot state (a signature). Adapters that fill every field run every
+// case.
 package providertest
 
 import (
@@ -60,15 +70,37 @@ type Harness struct {
 	// Path is the endpoint the client posts to below its base URL, e.g.
 	// "/v1/messages".
 	Path string
+	// VersionlessPath says the API's paths carry no version: a base URL's
+	// trailing /v1 is a gateway's prefix like any other and is kept
+	// (Bedrock's /model/{id}/invoke); otherwise it is not repeated.
+	VersionlessPath bool
 	// KeyHeaders are the headers a request sent with key must carry
-	// besides Content-Type: the key header, a version header.
+	// besides Content-Type: the key header, a version header. Nil for an
+	// adapter that sends no key header (Bedrock signs instead), which
+	// must set CheckRequest.
 	KeyHeaders func(key string) http.Header
+	// CheckRequest, when set, is a further check of every request the
+	// suite's fake provider receives, e.g. that it is signed as the real
+	// API would verify it; an error fails the case and answers 418.
+	CheckRequest func(r *http.Request, body []byte) error
+	// Credential, when set, is the credential of a call the suite makes
+	// with key; nil sends key as the API key (llm.Credential.APIKey). An
+	// adapter whose credential is not a key string (Bedrock: a region, and
+	// credentials of its own) sets it, and skips the cases about a key
+	// that header or mock must refuse.
+	Credential func(key string) llm.Credential
+	// Secrets are the secrets behind the calls' credentials besides the
+	// key (an access key id, a session token), which no error of the
+	// mock's may carry either; nil for a key-only adapter.
+	Secrets []string
 	// Model is the model the SDK cases ask for; the stream golden file is
 	// written for it.
 	Model string
 	// Wire is the adapter's translation.
 	Wire Wire
-	// RateLimit is what the client reads from the headers of a 200.
+	// RateLimit is what the client reads from the headers of a 200. A
+	// provider that sends no rate-limit headers wants a zero (unknown)
+	// RateLimit, Header then holding headers that must not be read.
 	RateLimit RateLimitCase
 	// ErrorRateLimit is what it reads from the headers of an error answer,
 	// some of them negative or malformed; ErrorCase.Limits sends them.
@@ -77,7 +109,8 @@ type Harness struct {
 	// makes of each. Run adds the cases every provider shares.
 	Errors []ErrorCase
 	// ErrorTypes is the error type the adapter's EncodeError writes for
-	// each status; its client reads it back as the Code.
+	// each status; its client reads it back as the Code. Empty without
+	// an EncodeError.
 	ErrorTypes map[int]string
 	// Leak is an answer of the provider that echoes the key.
 	Leak LeakCase
@@ -88,6 +121,11 @@ type Harness struct {
 	// "claude", "openai"); empty when the mock does not speak its wire,
 	// which skips the Mock cases.
 	Mock string
+	// MockErrors are, by the name of the Mock case ("rate_limit",
+	// "buckets", …; see testMock), what the client makes of the mock's
+	// error answers where the provider renders them its own way; a case
+	// not named wants what every other provider's client makes of it.
+	MockErrors map[string]MockError
 	// SDK drives the provider's official SDK; nil skips the SDK cases.
 	SDK *SDK
 }
@@ -128,10 +166,19 @@ type Wire struct {
 	EncodeResponse func(resp *llm.Response, model string) ([]byte, error)
 	DecodeResponse func([]byte) (*llm.Response, error)
 	// WriteStream writes resp as the event stream answering the request
-	// info describes.
+	// info describes; nil for a provider that does not stream, which
+	// skips the stream golden file (and allows no SDK).
 	WriteStream func(w io.Writer, resp *llm.Response, info Info) error
-	// EncodeError renders an error answer of Bulwark's own.
+	// EncodeError renders an error answer of Bulwark's own; nil for an
+	// adapter without a compat endpoint, which skips the cases that read
+	// its errors back (and allows no SDK).
 	EncodeError func(status int, code, message string) []byte
+	// NoModelInBody says the request body does not carry the model (it is
+	// in the endpoint's path, as Bedrock's): DecodeRequest returns none,
+	// and the requests are compared without it. The client cases still
+	// post to Path, which names the model "test-model" of every request
+	// they send.
+	NoModelInBody bool
 }
 
 // Info is the part of a decoded request's RequestInfo the suite reads.
@@ -185,6 +232,17 @@ type ErrorCase struct {
 	body []byte // the body of a shared case, which has no fixture
 }
 
+// MockError is what the client must make of one of the mock's error
+// answers.
+type MockError struct {
+	Class      llm.Class
+	Status     int // 0: any
+	Code       string
+	RetryAfter time.Duration
+	// Message is a part of the error's message ("" checks nothing).
+	Message string
+}
+
 // LeakCase is a 401 that echoes the key.
 type LeakCase struct {
 	// File is the fixture under testdata/errors; KEY_PLACEHOLDER in it
@@ -208,9 +266,10 @@ type BadRequest struct {
 func Run(t *testing.T, h Harness) {
 	t.Helper()
 	if h.Provider == "" || h.ConfigName == "" || h.New == nil || h.Validate == nil || h.Path == "" ||
-		h.KeyHeaders == nil || h.Model == "" || h.Wire.EncodeRequest == nil || h.Wire.DecodeRequest == nil ||
-		h.Wire.EncodeResponse == nil || h.Wire.DecodeResponse == nil || h.Wire.WriteStream == nil ||
-		h.Wire.EncodeError == nil || len(h.ErrorTypes) == 0 || h.Leak.File == "" {
+		(h.KeyHeaders == nil && h.CheckRequest == nil) || h.Model == "" || h.Wire.EncodeRequest == nil ||
+		h.Wire.DecodeRequest == nil || h.Wire.EncodeResponse == nil || h.Wire.DecodeResponse == nil ||
+		(h.Wire.EncodeError == nil) != (len(h.ErrorTypes) == 0) || h.Leak.File == "" ||
+		(h.SDK != nil && (h.Wire.WriteStream == nil || h.Wire.EncodeError == nil)) {
 		t.Fatalf("providertest: incomplete Harness: %+v", h)
 	}
 	t.Run("Wire", func(t *testing.T) { t.Parallel(); h.testWire(t) })
