@@ -36,6 +36,17 @@
 //     mock's limits, no Claude keys (the fallback routes exist but hold no
 //     capacity), default queue settings, a tenant and an admin token.
 //
+// S3-mixed differs in steps 3 and 4 (mixed.go): its keys are those of
+// every provider kind — one Anthropic key on claude/sonnet, whose fallback
+// chain is two Bedrock regions then an Azure PTU key and a standard one,
+// and a local model's key bounded by max_in_flight — each with a limit of
+// its own at the mock, which the mockprovider command cannot set: that
+// scenario's mock is served by the storm's own process (mockprovider.New
+// with Config.Keys, the local key's MaxConcurrent and the PTU
+// deployment), logging to mock.log. The api and worker processes get
+// static AWS credentials in their environment for the Bedrock keys'
+// SigV4, and no other AWS_ variable.
+//
 // Every process logs to its own file in the temporary folder; Result.Logs
 // holds the last lines of each. Readiness is polled: /readyz on the api,
 // /metrics on each worker's metrics address, /mock/stats on the mock.
@@ -51,6 +62,12 @@
 // requests over what the keys could have served in the wall time (first
 // send to last answer): answered ÷ (wall seconds × Σ rpm/60). Provider
 // calls and provider 429s are the mock's own counters (GET /mock/stats).
+// S3-mixed also counts the mock's busy 503s (a key at its MaxConcurrent),
+// each key's calls and refusals, and the most calls at once on the local
+// key, and which route served each answer (X-Bulwark-Provider and
+// X-Bulwark-Model-Tier); its goodput counts the cloud routes' answers
+// against their keys' capacity (MixedCloudCapacity), as the local route
+// has no rate.
 // Breaker openings are counted by polling GET /admin/breakers every 500 ms
 // and once at the end: every distinct opened_at of a breaker, plus any
 // breaker seen open or half-open without one.
@@ -97,7 +114,7 @@
 //
 // # Running it
 //
-//	go run ./scripts/storm [-scenarios S1,S1-slow,S1-slow-async,S2] [-n 400] [-clients 50]
+//	go run ./scripts/storm [-scenarios S1,S1-slow,S1-slow-async,S2,S1-fallback,S3-mixed] [-n 400] [-clients 50]
 //
 // needs the test PostgreSQL server (`make bench` starts it through
 // scripts/test.sh and runs TestStormBench, which is the same code path).

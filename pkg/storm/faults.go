@@ -294,7 +294,7 @@ func (f *faultRun) async(ctx context.Context, i int) {
 			r.o.reason = reasonWrong
 			return
 		}
-		r.o = f.d.check(r.o, prompt, v.Result.Content, string(v.Result.Cached))
+		r.o = f.d.check(r.o, prompt, v.Result.Content, string(v.Result.Cached), resultRoute(v.Result))
 		return
 	}
 	f.follow(ctx, i)
@@ -335,7 +335,8 @@ func (f *faultRun) chat(ctx context.Context, i int) {
 				r.o.reason = reasonWrong
 				return
 			}
-			r.o = f.d.check(r.o, prompt, resp.Choices[0].Message.Content, h.Get("X-Bulwark-Cache"))
+			r.o = f.d.check(r.o, prompt, resp.Choices[0].Message.Content, h.Get("X-Bulwark-Cache"),
+				routeName(h.Get("X-Bulwark-Provider"), h.Get("X-Bulwark-Model-Tier")))
 			return
 		case id != "" && (code == http.StatusTooManyRequests || code >= 500):
 			r.id, r.accepted = id, time.Now()

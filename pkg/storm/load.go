@@ -39,6 +39,9 @@ type outcome struct {
 	// cached is how Bulwark says it answered: none (a provider call),
 	// exact, semantic or coalesced.
 	cached string
+	// route is the route that served the answer ("provider/tier"), when
+	// Bulwark says.
+	route string
 
 	// Async only.
 	critical  bool
@@ -68,7 +71,8 @@ type driver struct {
 // what it measured. The error reports a harness failure (a process that
 // would not start or exited during the run); the Result is then partial.
 func Run(ctx context.Context, env Env, sc Scenario) (res Result, err error) {
-	res = Result{Scenario: sc.Name, Total: sc.Requests, Limit: sc.Limit, MockWindow: env.Bins.MockWindow, async: sc.Mode == Async}
+	res = Result{Scenario: sc.Name, Total: sc.Requests, Limit: sc.Limit, MockWindow: env.Bins.MockWindow || sc.Mixed,
+		async: sc.Mode == Async, mixed: sc.Mixed}
 	transport := &http.Transport{MaxIdleConnsPerHost: 2*sc.Clients + 16, IdleConnTimeout: 30 * time.Second}
 	defer transport.CloseIdleConnections()
 	client := &http.Client{Transport: transport}
@@ -150,10 +154,18 @@ func Run(ctx context.Context, env Env, sc Scenario) (res Result, err error) {
 		t := stats.Total()
 		// Chat calls only (the local embedder makes no embeddings calls;
 		// were one configured, its calls would not be LLM calls).
-		res.ProviderCalls, res.Provider429 = t.Requests-t.Embeddings, t.RateLimited
+		res.ProviderCalls, res.Provider429, res.Busy = t.Requests-t.Embeddings, t.RateLimited, t.Busy
 		if res.Sent > 0 {
 			res.CallsPerRequest = float64(res.ProviderCalls) / float64(res.Sent)
 		}
+		if sc.Mixed {
+			res.mixedStats(stats)
+		}
+	}
+	if sc.Mixed && res.Wall > 0 {
+		// The cloud keys' share of their capacity: the local route has
+		// no rate to compare with.
+		res.Goodput = float64(res.Answered-res.Routes[mixedLocalRoute]) / (res.Wall.Seconds() * MixedCloudCapacity())
 	}
 	switch {
 	case cause != nil && !res.Cut && !errors.Is(cause, context.Canceled):
@@ -168,7 +180,7 @@ func Run(ctx context.Context, env Env, sc Scenario) (res Result, err error) {
 
 // summarise fills the result from the outcomes.
 func (r *Result) summarise(outcomes []outcome, prompts []string) {
-	r.Lost, r.Served = map[string]int{}, map[string]int{}
+	r.Lost, r.Served, r.Routes = map[string]int{}, map[string]int{}, map[string]int{}
 	distinct := map[string]bool{}
 	called := map[string]int{} // provider-answered requests per prompt
 	var first, last time.Time
@@ -188,6 +200,7 @@ func (r *Result) summarise(outcomes []outcome, prompts []string) {
 		if o.ok {
 			r.Answered++
 			r.Served[cmp.Or(o.cached, "unknown")]++
+			r.Routes[cmp.Or(o.route, "unknown")]++
 			if o.cached == "none" {
 				called[prompts[i]]++
 			}
@@ -335,8 +348,12 @@ func messages(prompt string) []map[string]string {
 func (d *driver) chat(ctx context.Context, i int) outcome {
 	prompt := d.prompts[i]
 	o := outcome{sent: true, sentAt: time.Now()}
-	body := map[string]any{"model": "gpt-4o-mini", "max_tokens": MaxTokens, "messages": messages(prompt)}
+	model, layer := d.sc.ask(i)
+	body := map[string]any{"model": model, "max_tokens": MaxTokens, "messages": messages(prompt)}
 	hdr := map[string]string{"X-Bulwark-Priority": d.sc.priorityOf(i)}
+	if layer != "" {
+		hdr["X-Bulwark-Cache-Layer"] = layer
+	}
 	for {
 		code, h, raw, err := d.send(ctx, http.MethodPost, "/v1/chat/completions", body, hdr)
 		if err != nil {
@@ -356,7 +373,8 @@ func (d *driver) chat(ctx context.Context, i int) outcome {
 				o.reason = "bad_answer_body"
 				return o
 			}
-			return d.check(o, prompt, resp.Choices[0].Message.Content, h.Get("X-Bulwark-Cache"))
+			return d.check(o, prompt, resp.Choices[0].Message.Content, h.Get("X-Bulwark-Cache"),
+				routeName(h.Get("X-Bulwark-Provider"), h.Get("X-Bulwark-Model-Tier")))
 		case code == http.StatusTooManyRequests && h.Get("X-Bulwark-Request-Id") != "":
 			return d.poll(ctx, h.Get("X-Bulwark-Request-Id"), prompt, o)
 		case code == http.StatusTooManyRequests:
@@ -373,15 +391,26 @@ func (d *driver) chat(ctx context.Context, i int) outcome {
 }
 
 // check marks o answered when content is the mock's answer to prompt;
-// cached is how Bulwark says it answered.
-func (d *driver) check(o outcome, prompt, content, cached string) outcome {
+// cached is how Bulwark says it answered, route the route that served it.
+func (d *driver) check(o outcome, prompt, content, cached, route string) outcome {
 	if content != mockprovider.Reply(prompt) {
 		o.reason = reasonWrong
 		return o
 	}
-	o.ok, o.doneAt, o.cached = true, time.Now(), cached
+	o.ok, o.doneAt, o.cached, o.route = true, time.Now(), cached, route
 	return o
 }
+
+// routeName is "provider/tier", or "" when Bulwark named no provider.
+func routeName(provider, tier string) string {
+	if provider == "" {
+		return ""
+	}
+	return provider + "/" + tier
+}
+
+// resultRoute is the route a result names.
+func resultRoute(r *job.Result) string { return routeName(string(r.Provider), r.Tier) }
 
 // requestView is the part of GET /v1/requests/{id} the clients read.
 type requestView struct {
@@ -416,7 +445,7 @@ func (d *driver) poll(ctx context.Context, id, prompt string, o outcome) outcome
 				o.reason = reasonWrong
 				return o
 			}
-			return d.check(o, prompt, v.Result.Content, string(v.Result.Cached))
+			return d.check(o, prompt, v.Result.Content, string(v.Result.Cached), resultRoute(v.Result))
 		case job.StatusFailed, job.StatusCancelled:
 			o.reason = string(v.Status) + ":" + errorCode(v.Error)
 			return o
@@ -471,7 +500,7 @@ func (d *driver) async(ctx context.Context, i int) outcome {
 			o.reason = reasonWrong
 			return o
 		}
-		return d.check(o, prompt, v.Result.Content, string(v.Result.Cached))
+		return d.check(o, prompt, v.Result.Content, string(v.Result.Cached), resultRoute(v.Result))
 	case v.Status == job.StatusQueued && v.EstimatedWaitSeconds != nil:
 		o.estimates = append(o.estimates, estimate{value: waitOf(*v.EstimatedWaitSeconds, v.EstimatedWaitMS), at: now, first: true})
 	}
@@ -580,7 +609,7 @@ func (d *driver) event(o *outcome, prompt string, data []byte) bool {
 			o.reason = reasonWrong
 			return true
 		}
-		*o = d.check(*o, prompt, ev.Result.Content, string(ev.Result.Cached))
+		*o = d.check(*o, prompt, ev.Result.Content, string(ev.Result.Cached), resultRoute(ev.Result))
 		return true
 	case job.EventFailed, job.EventCancelled:
 		o.reason = string(ev.Type) + ":" + errorCode(ev.Error)

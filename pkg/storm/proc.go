@@ -116,8 +116,11 @@ func (p *process) kill() {
 func (p *process) pid() int { return p.cmd.Process.Pid }
 
 // tail returns the last n lines of the process's log.
-func (p *process) tail(n int) string {
-	b, err := os.ReadFile(p.logPath)
+func (p *process) tail(n int) string { return tailFile(p.logPath, n) }
+
+// tailFile returns the last n lines of the file at path.
+func tailFile(path string, n int) string {
+	b, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Sprintf("(log unreadable: %v)", err)
 	}

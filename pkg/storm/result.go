@@ -28,13 +28,18 @@ type Result struct {
 	Resubmits int
 	// Wall is the time from the first send to the last correct answer.
 	Wall time.Duration
-	// Goodput is Answered ÷ (Wall seconds × the keys' requests per second).
+	// Goodput is Answered ÷ (Wall seconds × the keys' requests per second);
+	// in S3-mixed the answers of the cloud routes ÷ (Wall seconds × their
+	// keys' requests per second, MixedCloudCapacity).
 	Goodput float64
 	// ProviderCalls and Provider429 are the mock's totals (every call,
 	// and the bucket 429s among them); CallsPerRequest is ProviderCalls ÷
 	// Sent.
 	ProviderCalls, Provider429 int64
 	CallsPerRequest            float64
+	// Busy is the mock's 503s of a key at its MaxConcurrent calls (a local
+	// server's refusal); only S3-mixed sets a MaxConcurrent.
+	Busy int64
 	// DistinctPrompts among the requests sent.
 	DistinctPrompts int
 	// Served counts the correct answers by how Bulwark says it answered
@@ -43,6 +48,18 @@ type Result struct {
 	// more than one request got from a provider call ("none").
 	Served             map[string]int
 	PromptsCalledTwice int
+	// Routes counts the correct answers by the route that served them
+	// (X-Bulwark-Provider/X-Bulwark-Model-Tier, result.provider/model_tier;
+	// "unknown" when Bulwark named none).
+	Routes map[string]int
+	// S3-mixed only, from the mock: KeyCalls are each key's calls and
+	// KeyRefused its bucket 429s and busy 503s (keys with none left out),
+	// by key id; LocalMaxInFlight the most calls at once on the local
+	// model's key; StrayCalls the calls on keys the scenario does not
+	// know (a Bedrock call signed with other credentials, say).
+	KeyCalls, KeyRefused map[string]int64
+	LocalMaxInFlight     int64
+	StrayCalls           int64
 	// P50 and P99 of the end-to-end latency of correct answers (send to
 	// answer; async: submit to the completed event).
 	P50, P99 time.Duration
@@ -73,6 +90,7 @@ type Result struct {
 	Logs, Dir string
 
 	async bool // the scenario was async: print the async fields
+	mixed bool // the scenario was S3-mixed: print its fields
 }
 
 // ErrorStats summarises relative errors.
@@ -120,6 +138,16 @@ func (r Result) String() string {
 	if r.Served["none"] != r.Answered || r.PromptsCalledTwice > 0 { // some answers came from the cache
 		fmt.Fprintf(&b, " served={%s} prompts_called_twice=%d", countsText(r.Served), r.PromptsCalledTwice)
 	}
+	if r.mixed {
+		fmt.Fprintf(&b, " busy=%d local_max_in_flight=%d routes={%s} key_calls={%s}",
+			r.Busy, r.LocalMaxInFlight, countsText(r.Routes), countsText(r.KeyCalls))
+		if len(r.KeyRefused) > 0 {
+			fmt.Fprintf(&b, " key_refused={%s}", countsText(r.KeyRefused))
+		}
+		if r.StrayCalls > 0 {
+			fmt.Fprintf(&b, " stray_calls=%d", r.StrayCalls)
+		}
+	}
 	if r.async {
 		fmt.Fprintf(&b, " crit_p99_wait=%s(n=%d) eta_err_p50=%.2f eta_err_p95=%.2f(n=%d) first_eta_err_p50=%.2f first_eta_err_p95=%.2f(n=%d)"+
 			" warm_first_eta_err_p50=%.2f warm_first_eta_err_p95=%.2f(n=%d)",
@@ -144,7 +172,7 @@ func (r Result) String() string {
 func (r Result) lostText() string { return countsText(r.Lost) }
 
 // countsText prints counts as k:n,… sorted by key.
-func countsText(m map[string]int) string {
+func countsText[N int | int64](m map[string]N) string {
 	keys := make([]string, 0, len(m))
 	for k := range m {
 		keys = append(keys, k)
@@ -187,6 +215,23 @@ func (r Result) Misses(t Targets) []string {
 			out = append(out, "no CRITICAL request reached started")
 		case r.CriticalP99 > t.MaxCriticalP99:
 			out = append(out, fmt.Sprintf("CRITICAL p99 wait %s > %s", sec(r.CriticalP99), sec(t.MaxCriticalP99)))
+		}
+	}
+	if t.NoOverSubscription {
+		if r.Provider429 > 0 || r.Busy > 0 {
+			out = append(out, fmt.Sprintf("over-subscribed: %d bucket 429s and %d busy 503s from the providers (by key: %s)",
+				r.Provider429, r.Busy, countsText(r.KeyRefused)))
+		}
+		if r.StrayCalls > 0 {
+			out = append(out, fmt.Sprintf("%d provider calls on keys the scenario does not know", r.StrayCalls))
+		}
+	}
+	if t.MaxLocalInFlight > 0 && r.LocalMaxInFlight > t.MaxLocalInFlight {
+		out = append(out, fmt.Sprintf("%d calls at once on the local model's key > its %d", r.LocalMaxInFlight, t.MaxLocalInFlight))
+	}
+	for _, route := range t.MustServe {
+		if r.Routes[route] == 0 {
+			out = append(out, "route "+route+" served no request")
 		}
 	}
 	if t.MaxETAErrP50 > 0 {

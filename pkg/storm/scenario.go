@@ -36,7 +36,8 @@ const (
 // Scenario is one storm: how many requests, how they are sent, what the
 // mock does, and the targets the result must meet.
 type Scenario struct {
-	// Name as printed (S1, S1-slow, S1-slow-async, S2).
+	// Name as printed (S1, S1-slow, S1-slow-async, S2, S1-fallback,
+	// S3-mixed).
 	Name string
 	// Requests in all, Clients sending them concurrently (each waits for
 	// its answer before sending its next).
@@ -62,6 +63,11 @@ type Scenario struct {
 	// the fallback route of openai/gpt4o-mini, without failing OpenAI
 	// (FailPrimary implies them).
 	FallbackKeys bool
+	// Mixed: the providers are Anthropic, Bedrock, Azure OpenAI and a
+	// local model, each with keys of its own, and the requests spread
+	// over their routes (S3-mixed, mixed.go). The mock then runs in the
+	// storm's process with a limit per key.
+	Mixed bool
 	// Limit is the hard time limit of the load: at Limit after the first
 	// send the clients are cancelled and the result says what arrived.
 	Limit time.Duration
@@ -93,6 +99,17 @@ type Targets struct {
 	// estimates: every estimate, and each request's first one, cold start
 	// included (Result.ETAFirst).
 	MaxETAErrP50, MaxETAErrP95 float64
+	// NoOverSubscription: the mock refused no call for its key's limits —
+	// no bucket 429 on any key of any wire, no busy 503 from a local
+	// server at its concurrency — and saw no call on a key the scenario
+	// does not know (S3-mixed).
+	NoOverSubscription bool
+	// MaxLocalInFlight bounds the most calls the mock saw at once on the
+	// local model's key (S3-mixed).
+	MaxLocalInFlight int64
+	// MustServe names routes that must each serve at least one correct
+	// answer.
+	MustServe []string
 }
 
 // AutoLimit is the default hard time limit for n requests: the time the
@@ -105,15 +122,16 @@ func AutoLimit(n int) time.Duration {
 }
 
 // ScenarioNames lists the scenarios in the order the command runs them.
-var ScenarioNames = []string{"S1", "S1-slow", "S1-slow-async", "S2", "S1-fallback"}
+var ScenarioNames = []string{"S1", "S1-slow", "S1-slow-async", "S2", "S1-fallback", "S3-mixed"}
 
 // NewScenario returns the named scenario for n requests from clients
-// clients; limit 0 means AutoLimit(n).
+// clients; limit 0 means AutoLimit(n) (MixedAutoLimit(n) for S3-mixed).
 func NewScenario(name string, n, clients int, limit time.Duration) (Scenario, error) {
 	if n <= 0 || clients <= 0 {
 		return Scenario{}, fmt.Errorf("storm: scenario %s: requests and clients must be > 0, got %d and %d", name, n, clients)
 	}
-	if limit <= 0 {
+	auto := limit <= 0
+	if auto {
 		limit = AutoLimit(n)
 	}
 	paced := Targets{AllAnswered: true, MinGoodput: 0.95, MaxCallsPerRequest: 1.02, NoBreakerOpenings: true}
@@ -143,6 +161,16 @@ func NewScenario(name string, n, clients int, limit time.Duration) (Scenario, er
 		s.Cache = true
 		s.HotPrompts = 10
 		s.Targets = Targets{AllAnswered: true, MaxCallsPerRequest: 1.02, NoBreakerOpenings: true, CallsEqualDistinct: true}
+	case "S3-mixed":
+		fast()
+		s.Mixed = true
+		if auto {
+			s.Limit = MixedAutoLimit(n)
+		}
+		// Goodput is not a target: the local route has no rate to compare
+		// with, and the cloud keys share the load unevenly by design.
+		s.Targets = Targets{AllAnswered: true, MaxCallsPerRequest: 1.02, NoBreakerOpenings: true,
+			NoOverSubscription: true, MaxLocalInFlight: MixedLocalInFlight, MustServe: mixedRoutes}
 	default:
 		return Scenario{}, fmt.Errorf("storm: unknown scenario %q (want one of %s)", name, strings.Join(ScenarioNames, ", "))
 	}

@@ -1,12 +1,15 @@
 package storm
 
 import (
+	"fmt"
+	"maps"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"bulwark/pkg/config"
+	"bulwark/pkg/llm"
 )
 
 // A short S1 on real processes: 120 distinct prompts from 50 clients
@@ -79,8 +82,11 @@ func TestConfigParses(t *testing.T) {
 			t.Errorf("%s: cache enabled %v, want %v", name, got, sc.Cache)
 		}
 		wantKeys := Keys
-		if sc.FailPrimary {
+		switch {
+		case sc.FailPrimary:
 			wantKeys = 2 * Keys // the Claude keys of the fallback route too
+		case sc.Mixed:
+			wantKeys = len(mixedKeys)
 		}
 		if len(cfg.Keys) != wantKeys || cfg.Worker.MetricsListen != "127.0.0.1:19091" {
 			t.Errorf("%s: %d keys, metrics %q", name, len(cfg.Keys), cfg.Worker.MetricsListen)
@@ -89,9 +95,41 @@ func TestConfigParses(t *testing.T) {
 			t.Errorf("%s: queue not at its defaults", name)
 		}
 	}
-	// The api process has no metrics address of its own.
-	sc, _ := NewScenario("S1", 1, 1, 0)
+	// S3-mixed: every kind, each key as mixed.go describes it, the
+	// fallback chain and the routing rule.
+	sc, err := NewScenario("S3-mixed", 400, 50, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
 	cfg, err := config.Parse([]byte(configYAML(sc, 1, "127.0.0.1:2", "postgres://x@127.0.0.1:3/y", "http://127.0.0.1:4")),
+		func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatalf("S3-mixed: %v", err)
+	}
+	kinds := map[string]string{}
+	for name, p := range cfg.Providers {
+		kinds[string(name)] = p.Kind
+	}
+	if want := map[string]string{"claude": config.KindAnthropic, "bedrock": config.KindBedrock, "azure": config.KindAzure,
+		"local": config.KindLocal}; !maps.Equal(kinds, want) {
+		t.Errorf("S3-mixed kinds %v, want %v", kinds, want)
+	}
+	for i, k := range cfg.Keys {
+		mk := mixedKeys[i]
+		if k.ID != mk.id || string(k.Provider) != mk.provider || k.ModelTier != mk.tier || k.RPMLimit != mk.rpm || k.MaxInFlight != mk.inFlight {
+			t.Errorf("S3-mixed key %d: %+v, want %+v", i, k, mk)
+		}
+	}
+	if order := fmt.Sprint(cfg.RouteOrder(llm.Route{Provider: "claude", Tier: "sonnet"}, "router")); order != "[local/qwen claude/sonnet bedrock/sonnet azure/gpt4o]" {
+		t.Errorf("S3-mixed: a router request for claude/sonnet tries %s", order)
+	}
+	if *cfg.Cache.Enabled {
+		t.Error("S3-mixed: the cache is on")
+	}
+
+	// The api process has no metrics address of its own.
+	sc, _ = NewScenario("S1", 1, 1, 0)
+	cfg, err = config.Parse([]byte(configYAML(sc, 1, "127.0.0.1:2", "postgres://x@127.0.0.1:3/y", "http://127.0.0.1:4")),
 		func(string) (string, bool) { return "", false })
 	if err != nil || cfg.Worker.MetricsListen != "off" {
 		t.Fatalf("without BULWARK_STORM_METRICS_LISTEN: %v, metrics_listen %q", err, cfg.Worker.MetricsListen)
@@ -108,6 +146,7 @@ func TestPrompts(t *testing.T) {
 		{"S1-slow-async", 400, 400, 20},
 		{"S2", 400, 90, 0}, // 10 hot prompts + every fifth request its own
 		{"S2", 12, 12, 0},  // 10 hot requests use the 10 hot prompts; 4 and 9 their own
+		{"S3-mixed", 400, 400, 0},
 	}
 	for _, tt := range tests {
 		sc, err := NewScenario(tt.name, tt.n, 5, 0)
@@ -171,5 +210,41 @@ func TestMisses(t *testing.T) {
 	s2, _ := NewScenario("S2", 400, 50, 0)
 	if m := (Result{Total: 400, Answered: 400, ProviderCalls: 91, DistinctPrompts: 90, CallsPerRequest: 0.23}).Misses(s2.Targets); len(m) != 1 {
 		t.Errorf("S2 with one call too many: %v", m)
+	}
+
+	s3, _ := NewScenario("S3-mixed", 400, 50, 0)
+	routes := map[string]int{"claude/sonnet": 50, "bedrock/sonnet": 150, "azure/gpt4o": 120, "local/qwen": 80}
+	good3 := Result{Total: 400, Answered: 400, CallsPerRequest: 1, Routes: routes, LocalMaxInFlight: 2}
+	if m := good3.Misses(s3.Targets); len(m) != 0 {
+		t.Errorf("misses of a good S3-mixed result: %v", m)
+	}
+	bad3 := good3
+	bad3.Provider429, bad3.Busy, bad3.KeyRefused = 2, 1, map[string]int64{"br-use1": 2, "qwen-1": 1}
+	bad3.LocalMaxInFlight, bad3.StrayCalls = 3, 4
+	bad3.Routes = map[string]int{"claude/sonnet": 50, "bedrock/sonnet": 150, "azure/gpt4o": 200}
+	if m := bad3.Misses(s3.Targets); len(m) != 4 {
+		t.Errorf("misses of a bad S3-mixed result: %d %v, want 4", len(m), m)
+	}
+}
+
+// S3-mixed asks claude/sonnet, claude/sonnet from the router layer and
+// azure/gpt4o in turn; every other scenario asks gpt-4o-mini.
+func TestMixedAsks(t *testing.T) {
+	t.Parallel()
+	sc, _ := NewScenario("S3-mixed", 400, 50, 0)
+	asks := map[string]int{}
+	for i := range sc.Requests {
+		model, layer := sc.ask(i)
+		asks[model+"@"+layer]++
+	}
+	if want := map[string]int{"claude/sonnet@": 134, "claude/sonnet@router": 133, "azure/gpt4o@": 133}; !maps.Equal(asks, want) {
+		t.Errorf("S3-mixed asks %v, want %v", asks, want)
+	}
+	if sc.Limit != MixedAutoLimit(400) || MixedCloudCapacity() != 9 {
+		t.Errorf("S3-mixed limit %s, cloud capacity %g/s", sc.Limit, MixedCloudCapacity())
+	}
+	s1, _ := NewScenario("S1", 400, 50, 0)
+	if model, layer := s1.ask(7); model != "gpt-4o-mini" || layer != "" || s1.Limit != AutoLimit(400) {
+		t.Errorf("S1 asks %q in layer %q, limit %s", model, layer, s1.Limit)
 	}
 }
