@@ -21,9 +21,9 @@ const (
 	finishFunctionCall  = "function_call"
 )
 
-// stopReasonOf maps a finish_reason onto the neutral vocabulary. stop
+// StopReasonOf maps a finish_reason onto the neutral vocabulary. stop
 // cannot say whether a stop sequence matched, so it is always end_turn.
-func stopReasonOf(finish string) llm.StopReason {
+func StopReasonOf(finish string) llm.StopReason {
 	switch finish {
 	case finishStop:
 		return llm.StopEndTurn
@@ -82,7 +82,7 @@ func DecodeResponse(body []byte) (*llm.Response, error) {
 		resp.Content = append(resp.Content, llm.Block{Type: llm.BlockText, Text: text})
 	}
 	if c.FinishReason != nil {
-		resp.StopReason = stopReasonOf(*c.FinishReason)
+		resp.StopReason = StopReasonOf(*c.FinishReason)
 	}
 	if r := c.Message.Refusal; r != nil && *r != "" {
 		if len(texts) == 0 {

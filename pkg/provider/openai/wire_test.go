@@ -27,11 +27,11 @@ func TestStopReasons(t *testing.T) {
 		if got := finishReasonOf(tt.reason); got != tt.finish {
 			t.Errorf("finishReasonOf(%q) = %q, want %q", tt.reason, got, tt.finish)
 		}
-		if got := stopReasonOf(tt.finish); got != tt.back {
-			t.Errorf("stopReasonOf(%q) = %q, want %q", tt.finish, got, tt.back)
+		if got := StopReasonOf(tt.finish); got != tt.back {
+			t.Errorf("StopReasonOf(%q) = %q, want %q", tt.finish, got, tt.back)
 		}
 	}
-	if got := stopReasonOf("function_call"); got != llm.StopToolUse {
+	if got := StopReasonOf("function_call"); got != llm.StopToolUse {
 		t.Errorf("function_call → %q", got)
 	}
 }
