@@ -49,7 +49,7 @@ func Harness(cfg Config) *providertest.SDK {
 		Stream: func(t *testing.T, baseURL string) (*llm.Response, int, error) {
 			c := newClient(baseURL)
 			stream := c.Chat.Completions.NewStreaming(t.Context(), params(model, cfg.ToolErrorPrefix))
-			defer stream.Close()
+			defer func() { _ = stream.Close() }()
 			var acc sdk.ChatCompletionAccumulator
 			chunks := 0
 			for stream.Next() {
