@@ -44,19 +44,16 @@ func TestCompressionBeforeTheCall(t *testing.T) {
 		t.Fatalf("an opted-out request was changed: %v", got)
 	}
 
+	// History is written after the answer, off the request's path.
 	var saved, savedOff int
 	for _, q := range []struct {
 		id  string
 		dst *int
 	}{{id, &saved}, {id2, &savedOff}} {
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			err := api.base.PG.QueryRow(context.Background(), `SELECT tokens_saved FROM requests WHERE id = $1 AND status = 'completed'`, q.id).Scan(q.dst)
-			if err == nil || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(50 * time.Millisecond) // history is written after the answer, off the request's path
-		}
+		waitFor(t, 10*time.Second, "the history row of "+q.id, func() bool {
+			return api.base.PG.QueryRow(context.Background(),
+				`SELECT tokens_saved FROM requests WHERE id = $1 AND status = 'completed'`, q.id).Scan(q.dst) == nil
+		})
 	}
 	if saved <= 0 || savedOff != 0 {
 		t.Fatalf("tokens_saved in history: %d (compressed), %d (opted out)", saved, savedOff)
