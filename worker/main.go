@@ -29,7 +29,7 @@ func run() error {
 	srv, mux := b.Worker(b.Clients())
 	var metricsSrv *http.Server
 	if addr := b.Cfg.Worker.MetricsListen; addr != "off" {
-		metricsSrv = b.HTTPServer(addr, b.MetricsHandler())
+		metricsSrv = b.HTTPServer(addr, b.DebugHandler())
 		go func() {
 			if err := metricsSrv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				b.Logger.Error("metrics server", "err", err)

@@ -43,6 +43,7 @@ type Config struct {
 	Postgres  Postgres                     `yaml:"postgres"`
 	Worker    Worker                       `yaml:"worker"`
 	Log       Log                          `yaml:"log"`
+	Profiling Profiling                    `yaml:"profiling"`
 	Providers map[llm.Provider]ProviderCfg `yaml:"providers"`
 	Keys      []Key                        `yaml:"keys"`
 	// Fallback maps a route ("claude/sonnet") to the routes tried after it,
@@ -174,6 +175,17 @@ type Log struct {
 	Format string `yaml:"format"`
 	// Level is debug, info (default), warn or error.
 	Level string `yaml:"level"`
+}
+
+// Profiling turns on Go's block and mutex profiles in every process
+// (runtime.SetBlockProfileRate, SetMutexProfileFraction), served with the
+// CPU and heap profiles at /debug/pprof/ on the worker's metrics listener
+// and at /admin/debug/pprof/ on the API. 0, the default, leaves them off:
+// they cost a little on every wait. 10000 (ns) and 100 are typical while
+// profiling.
+type Profiling struct {
+	BlockRate     int `yaml:"block_rate"`
+	MutexFraction int `yaml:"mutex_fraction"`
 }
 
 // ProviderCfg configures one provider's endpoint and tiers.

@@ -25,6 +25,9 @@ var undocumented = map[string]string{
 	// whose API is asynqmon's, not Bulwark's. GET /admin/queues, the page
 	// itself, is described.
 	"/admin/queues/*path": "any method",
+	// Go's runtime profiles (net/http/pprof, read by `go tool pprof`):
+	// a standard tool's pages, not part of Bulwark's API.
+	"/admin/debug/pprof/*path": "GET",
 }
 
 // spec is the parsed description.

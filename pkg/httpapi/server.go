@@ -162,6 +162,9 @@ type Deps struct {
 	Models   Models       // optional: compat endpoints off without it
 	Metrics  http.Handler // optional: /metrics
 	Queues   http.Handler // optional: asynqmon under /admin/queues
+	// Profiles, optional, serves net/http/pprof under /debug/pprof/; it
+	// is mounted at /admin/debug/pprof/, behind the admin token.
+	Profiles http.Handler
 	// Ready are the dependencies without which the API cannot serve:
 	// /readyz answers 503 while one is down.
 	Ready map[string]Pinger
@@ -259,6 +262,9 @@ func (s *Server) adminRoutes(r *gin.Engine) {
 	if d.Queues != nil {
 		admin.Any("/queues/*path", gin.WrapH(d.Queues))
 		admin.GET("/queues", gin.WrapH(d.Queues))
+	}
+	if d.Profiles != nil {
+		admin.GET("/debug/pprof/*path", gin.WrapH(http.StripPrefix("/admin", d.Profiles)))
 	}
 }
 

@@ -486,3 +486,19 @@ func TestAdminResetRouteBreakerAndUnknownKey(t *testing.T) {
 		t.Fatalf("enable an unknown key: %d %v", code, out)
 	}
 }
+
+// The API's runtime profiles are behind the admin token: a tenant gets
+// 401, an operator gets the goroutine profile (what `go tool pprof`
+// fetches).
+func TestAdminProfiles(t *testing.T) {
+	s := newSystem(t, opts{})
+	api := s.startAPI()
+	u := api.ts.URL + "/admin/debug/pprof/goroutine?debug=1"
+	if code, _, _ := adminFetch(t, u, devToken); code != http.StatusUnauthorized {
+		t.Fatalf("tenant token: %d, want 401", code)
+	}
+	code, body, _ := adminFetch(t, u, adminToken)
+	if code != http.StatusOK || !strings.Contains(body, "goroutine profile:") {
+		t.Fatalf("admin token: %d %.200s", code, body)
+	}
+}

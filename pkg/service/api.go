@@ -41,7 +41,7 @@ func (b *Base) API() (api, admin http.Handler, hub *progress.Hub) {
 	api, admin = httpapi.New(httpCfg, httpapi.Deps{
 		Intake: in, Jobs: b.Jobs, Queue: b.Queue, Hub: hub, History: b.History,
 		Keys: keyAdmin{b}, Breakers: b.Breakers, Cache: cacheAdmin, Reporter: reporter{b},
-		Models: cfg.ModelResolver(), Metrics: b.MetricsHandler(), Queues: mon,
+		Models: cfg.ModelResolver(), Metrics: b.MetricsHandler(), Queues: mon, Profiles: profiles(),
 		Ready: map[string]httpapi.Pinger{
 			"redis": func(ctx context.Context) error { return b.Redis.Ping(ctx).Err() },
 		},

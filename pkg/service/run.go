@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	"syscall"
 
 	"bulwark/pkg/config"
@@ -22,6 +23,8 @@ func Setup(process string) (context.Context, context.CancelFunc, *Base, error) {
 		return nil, nil, nil, err
 	}
 	logger := NewLogger(cfg.Log).With("process", process)
+	runtime.SetBlockProfileRate(cfg.Profiling.BlockRate)
+	runtime.SetMutexProfileFraction(cfg.Profiling.MutexFraction)
 	b, err := Open(ctx, cfg, logger)
 	if err != nil {
 		stop()

@@ -210,6 +210,15 @@ func (b *Base) MetricsHandler() http.Handler {
 	return promHandler(b.Registry)
 }
 
+// DebugHandler serves /metrics and the runtime profiles under
+// /debug/pprof/: the worker's metrics listener (loopback by default).
+func (b *Base) DebugHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", b.MetricsHandler())
+	mux.Handle(profilesPrefix, profiles())
+	return mux
+}
+
 // breakerAlert turns breaker transitions into instant alerts.
 func (b *Base) breakerAlert(name string, from, to breaker.State, reason string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
