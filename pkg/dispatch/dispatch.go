@@ -93,14 +93,6 @@ type Finisher interface {
 	Finish(ctx context.Context, rec *job.Record, e finish.Ending) error
 }
 
-// Cache stores a final answer. The dispatcher stores before it marks the
-// request completed, so whoever sees the completion also finds the answer
-// cached.
-type Cache interface {
-	// StoreAnswer keeps a completed request's answer (pkg/cache).
-	StoreAnswer(ctx context.Context, rec *job.Record) error
-}
-
 // Alerter receives alert-worthy conditions (a key disabled for quota).
 type Alerter interface {
 	KeyDisabled(ctx context.Context, keyID string, route llm.Route, reason string)
@@ -159,7 +151,6 @@ type Dispatcher struct {
 	pool     KeyPool
 	breakers Breakers
 	finisher Finisher
-	cache    Cache
 	alerter  Alerter
 	metrics  *metrics.Metrics
 	logger   *slog.Logger
@@ -168,7 +159,7 @@ type Dispatcher struct {
 	active map[priority.Priority]int // tasks being worked on, guarded by mu
 }
 
-// Deps are the dispatcher's collaborators. Cache and Alerter may be nil.
+// Deps are the dispatcher's collaborators. Alerter may be nil.
 type Deps struct {
 	Jobs     Jobs
 	Starts   Starts
@@ -176,7 +167,6 @@ type Deps struct {
 	Pool     KeyPool
 	Breakers Breakers
 	Finisher Finisher
-	Cache    Cache
 	Alerter  Alerter
 	Metrics  *metrics.Metrics
 	Logger   *slog.Logger
@@ -212,7 +202,7 @@ func New(cfg Config, d Deps) *Dispatcher {
 		d.Metrics = metrics.New(nil)
 	}
 	return &Dispatcher{cfg: cfg, jobs: d.Jobs, starts: d.Starts, slots: d.Slots, pool: d.Pool,
-		breakers: d.Breakers, finisher: d.Finisher, cache: d.Cache, alerter: d.Alerter, metrics: d.Metrics, logger: d.Logger,
+		breakers: d.Breakers, finisher: d.Finisher, alerter: d.Alerter, metrics: d.Metrics, logger: d.Logger,
 		active: map[priority.Priority]int{}}
 }
 
@@ -510,8 +500,8 @@ const (
 	completeBackoff = time.Second
 )
 
-// complete stores the answer in the cache, then ends rec as completed, so
-// whoever sees the completion also finds the answer cached.
+// complete ends rec as completed with its answer (the finisher caches it
+// once the caller has it).
 func (d *Dispatcher) complete(ctx context.Context, rec *job.Record, out outcome, log *slog.Logger) error {
 	st := rec.State
 	st.ServedRoute = &out.route
@@ -520,11 +510,6 @@ func (d *Dispatcher) complete(ctx context.Context, rec *job.Record, out outcome,
 	st.Cached = job.CachedNone
 	st.TokensSaved = out.saved
 	rec.State = st
-	if d.cache != nil {
-		if err := d.cache.StoreAnswer(context.WithoutCancel(ctx), rec); err != nil {
-			log.Warn("dispatch: cache store", "err", err)
-		}
-	}
 	// The answer is paid for: keep trying to record it for a while (Redis
 	// restarting answers LOADING for seconds) before handing the task back
 	// to asynq, whose retry would call the provider again unless the

@@ -16,9 +16,9 @@ import (
 	"bulwark/pkg/llm"
 )
 
-// The plain path: one slot, one key, one call; the answer is cached before
-// the request is marked completed, the key is settled as a success, and
-// nothing is left held.
+// The plain path: one slot, one key, one call; the request is completed
+// with the answer (which the finisher caches), the key is settled as a
+// success, and nothing is left held.
 func TestUnitSuccess(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, nil)
@@ -35,8 +35,8 @@ func TestUnitSuccess(t *testing.T) {
 	if got := h.claude.callList(); !slices.Equal(got, []string{"sk-sonnet-1 model-sonnet"}) {
 		t.Fatalf("calls %v, want one with the lease's key and the tier's model", got)
 	}
-	if got := h.trail.list(); !slices.Equal(got, []string{"cache store", "finish completed"}) {
-		t.Fatalf("order %v: the answer must be cached before the completion is visible", got)
+	if got := h.trail.list(); !slices.Equal(got, []string{"finish completed"}) {
+		t.Fatalf("trail %v", got)
 	}
 	if got := h.pool.settled(); !slices.Equal(got, []string{"success sonnet-1"}) {
 		t.Fatalf("key settlements %v", got)
@@ -213,8 +213,7 @@ func TestUnitTransientTriesAnotherKey(t *testing.T) {
 
 // Transient failures on every key of every route, with no asynq retry
 // left (outside asynq the task has none), fail the request as
-// provider_unavailable after MaxKeyTries calls per route; nothing is
-// cached.
+// provider_unavailable after MaxKeyTries calls per route.
 func TestUnitTransientOutlastingRetriesFails(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, func(c *Config) { c.MaxKeyTries = 2 })
@@ -233,15 +232,12 @@ func TestUnitTransientOutlastingRetriesFails(t *testing.T) {
 	if end.Status != job.StatusFailed || end.Code != job.CodeProviderUnavailable {
 		t.Fatalf("ending %+v, want failed provider_unavailable", end)
 	}
-	if h.cache.count() != 0 {
-		t.Fatal("a failed request was cached")
-	}
 	h.noSlotHeld()
 }
 
 // A permanent error (the request's own fault) fails the request at once:
-// one call, no other key, no fallback, no breaker failure, nothing
-// cached, and no error for asynq to retry.
+// one call, no other key, no fallback, no breaker failure, and no error
+// for asynq to retry.
 func TestUnitPermanentFailsAtOnce(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, nil)
@@ -260,8 +256,8 @@ func TestUnitPermanentFailsAtOnce(t *testing.T) {
 	if got := h.pool.settled(); !slices.Equal(got, []string{"refund sonnet-1"}) {
 		t.Fatalf("key settlements %v", got)
 	}
-	if h.cache.count() != 0 || h.breakers.failures(t, sonnet.String()) != 0 {
-		t.Fatal("a permanent error was cached or charged to the breaker")
+	if h.breakers.failures(t, sonnet.String()) != 0 {
+		t.Fatal("a permanent error was charged to the breaker")
 	}
 	for _, ev := range h.jobs.events(rec.Job.ID) {
 		if strings.Contains(ev.Error, "7f3a") {

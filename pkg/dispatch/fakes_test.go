@@ -313,26 +313,6 @@ func (f *fakeFinisher) endings() []finish.Ending {
 	return slices.Clone(f.ends)
 }
 
-type fakeCache struct {
-	trail  *trail
-	mu     sync.Mutex
-	stored []job.Record
-}
-
-// StoreAnswer is dispatch.Cache's method; Store is its former name, kept
-// so the fake fits either while the interface is being renamed.
-func (c *fakeCache) StoreAnswer(ctx context.Context, rec *job.Record) error { return c.Store(ctx, rec) }
-
-func (c *fakeCache) Store(_ context.Context, rec *job.Record) error {
-	c.mu.Lock()
-	c.stored = append(c.stored, *rec)
-	c.mu.Unlock()
-	c.trail.add("cache store")
-	return nil
-}
-
-func (c *fakeCache) count() int { c.mu.Lock(); defer c.mu.Unlock(); return len(c.stored) }
-
 type fakeAlerter struct {
 	mu     sync.Mutex
 	alerts []string

@@ -30,7 +30,6 @@ type harness struct {
 	pool     *fakePool
 	breakers *fakeBreakers
 	fin      *fakeFinisher
-	cache    *fakeCache
 	alerts   *fakeAlerter
 	claude   *fakeClient
 	openai   *fakeClient
@@ -58,7 +57,6 @@ func newHarness(t *testing.T, tune func(*Config)) *harness {
 		slots:    &countingSlots{lim: lim},
 		pool:     &fakePool{script: map[llm.Route][]error{}, next: map[llm.Route]int{}},
 		breakers: &fakeBreakers{set: set, open: map[string]*breaker.OpenError{}},
-		cache:    &fakeCache{trail: tr},
 		alerts:   &fakeAlerter{},
 		claude:   &fakeClient{provider: llm.ProviderClaude, called: make(chan string, 16)},
 		openai:   &fakeClient{provider: llm.ProviderOpenAI, called: make(chan string, 16)},
@@ -78,7 +76,7 @@ func newHarness(t *testing.T, tune func(*Config)) *harness {
 		tune(&cfg)
 	}
 	h.d = New(cfg, Deps{Jobs: h.jobs, Starts: h.starts, Slots: h.slots, Pool: h.pool, Breakers: h.breakers,
-		Finisher: h.fin, Cache: h.cache, Alerter: h.alerts, Logger: slog.New(slog.DiscardHandler)})
+		Finisher: h.fin, Alerter: h.alerts, Logger: slog.New(slog.DiscardHandler)})
 	return h
 }
 

@@ -4,8 +4,9 @@
 // (an answer, a provider error, a deadline), the expiry and orphan sweeps,
 // a caller's cancel, a cache hit, or the end of the request it was
 // coalesced with. Finish writes the terminal record and event (one Lua
-// script in pkg/job, which refuses a second ending), then the history row
-// and the metrics, and releases the request's coalescing claim.
+// script in pkg/job, which refuses a second ending; the caller is answered
+// from it), then the history row and the metrics, stores a provider's
+// answer in the cache, and releases the request's coalescing claim.
 //
 // What the tenant reads about a failure (the record's Reason, the failed
 // event, the history row, and through them GET, the event stream and the
@@ -49,6 +50,12 @@ type History interface {
 	Finished(ctx context.Context, rec *job.Record, costUSD float64)
 }
 
+// Answers keeps a provider's answer for identical and similar requests
+// (pkg/cache).
+type Answers interface {
+	StoreAnswer(ctx context.Context, rec *job.Record) error
+}
+
 // Claims releases coalescing claims.
 type Claims interface {
 	Release(ctx context.Context, key, id string) error
@@ -84,10 +91,12 @@ func Cancelled(st job.State, reason string) Ending {
 	return Ending{Status: job.StatusCancelled, Code: job.CodeCancelled, Reason: reason, State: st}
 }
 
-// Deps are a Finisher's collaborators; History and Claims may be nil.
+// Deps are a Finisher's collaborators; History, Answers and Claims may be
+// nil.
 type Deps struct {
 	Jobs    Jobs
 	History History
+	Answers Answers
 	Claims  Claims
 	Metrics *metrics.Metrics
 	// Price of a route, for the cost of a provider's answer.
@@ -149,6 +158,18 @@ func (f *Finisher) Finish(ctx context.Context, rec *job.Record, e Ending) error 
 	}
 	f.account(wctx, rec)
 	return nil
+}
+
+// store keeps a provider's answer in the cache once the caller has it: the
+// insert (an HNSW index update) is off the answer's path, and the
+// coalescing claim, released after it, covers the moments in between.
+func (f *Finisher) store(ctx context.Context, rec *job.Record) {
+	if f.d.Answers == nil || rec.Status != job.StatusCompleted || rec.State.Cached.OrNone() != job.CachedNone {
+		return
+	}
+	if err := f.d.Answers.StoreAnswer(ctx, rec); err != nil {
+		f.d.Logger.Warn("finish: cache store", "request_id", rec.Job.ID, "err", err)
+	}
 }
 
 // TenantReason is the text a tenant reads about request j ending with
@@ -220,8 +241,11 @@ func (f *Finisher) account(ctx context.Context, rec *job.Record) {
 	if f.d.History != nil {
 		f.d.History.Finished(ctx, rec, cost)
 	}
+	f.store(ctx, rec)
 	if f.d.Claims != nil && rec.Job.CacheKey != "" {
-		// A no-op unless this request leads its key.
+		// A no-op unless this request leads its key. After the store: an
+		// identical request arriving meanwhile still finds this one
+		// leading and takes its answer from the record.
 		if err := f.d.Claims.Release(ctx, rec.Job.CacheKey, rec.Job.ID); err != nil {
 			f.d.Logger.Warn("finish: release coalescing claim", "request_id", rec.Job.ID, "err", err)
 		}

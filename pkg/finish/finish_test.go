@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 
@@ -45,10 +46,30 @@ func (f *fakeHistory) Finished(_ context.Context, rec *job.Record, _ float64) {
 	f.rows = append(f.rows, *rec)
 }
 
-type fakeClaims struct{ released []string }
+// trail is the order of the finisher's writes after the terminal one.
+type trail struct{ steps []string }
+
+type fakeClaims struct {
+	released []string
+	trail    *trail
+}
 
 func (f *fakeClaims) Release(_ context.Context, key, id string) error {
 	f.released = append(f.released, key+"/"+id)
+	f.trail.steps = append(f.trail.steps, "release "+id)
+	return nil
+}
+
+type fakeAnswers struct {
+	jobs  *fakeJobs
+	trail *trail
+}
+
+func (f *fakeAnswers) StoreAnswer(_ context.Context, rec *job.Record) error {
+	if !f.jobs.ended[rec.Job.ID] {
+		return errors.New("stored before the request ended")
+	}
+	f.trail.steps = append(f.trail.steps, "store "+rec.Job.ID)
 	return nil
 }
 
@@ -56,16 +77,45 @@ type bundle struct {
 	jobs    *fakeJobs
 	history *fakeHistory
 	claims  *fakeClaims
+	trail   *trail
 	metrics *metrics.Metrics
 	f       *Finisher
 }
 
 func setup(t *testing.T) *bundle {
 	t.Helper()
-	b := &bundle{jobs: &fakeJobs{ended: map[string]bool{}}, history: &fakeHistory{}, claims: &fakeClaims{},
-		metrics: metrics.New(prometheus.NewRegistry())}
-	b.f = New(Deps{Jobs: b.jobs, History: b.history, Claims: b.claims, Metrics: b.metrics})
+	tr := &trail{}
+	b := &bundle{jobs: &fakeJobs{ended: map[string]bool{}}, history: &fakeHistory{}, claims: &fakeClaims{trail: tr},
+		trail: tr, metrics: metrics.New(prometheus.NewRegistry())}
+	b.f = New(Deps{Jobs: b.jobs, History: b.history, Answers: &fakeAnswers{jobs: b.jobs, trail: tr}, Claims: b.claims, Metrics: b.metrics})
 	return b
+}
+
+// A provider's answer is cached after the request ended (the caller is
+// answered from the terminal record, not after an index insert) and
+// before the coalescing claim is released (an identical request arriving
+// in between joins this one and takes its answer). Answers from the cache
+// or from a shared call, and failures, are not stored again.
+func TestFinishStoresAnswerBeforeRelease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	route := llm.Route{Provider: llm.ProviderClaude, Tier: "sonnet"}
+	answered := job.State{Result: &llm.Response{}, ServedRoute: &route}
+	if err := b.f.Finish(context.Background(), record("a"), Completed(answered)); err != nil {
+		t.Fatal(err)
+	}
+	hit := answered
+	hit.Cached = job.CachedExact
+	if err := b.f.Finish(context.Background(), record("b"), Completed(hit)); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.f.Finish(context.Background(), record("c"), Failed(job.State{}, job.CodeProviderError, "x")); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"store a", "release a", "release b", "release c"}
+	if !slices.Equal(b.trail.steps, want) {
+		t.Fatalf("steps %v, want %v", b.trail.steps, want)
+	}
 }
 
 func record(id string) *job.Record {

@@ -39,6 +39,7 @@ type Store struct {
 	// (metrics); may be nil.
 	OnDrop func()
 	outbox *outbox // nil: a failed outcome is only counted
+	writer *writer // nil until Start: writes are synchronous
 
 	mu         sync.Mutex
 	lastWarned time.Time
@@ -73,22 +74,44 @@ func (s *Store) failed(op string, err error) {
 const submitTimeout = 300 * time.Millisecond
 
 // Submitted records an accepted request. Failures are logged, not returned.
+// While the writer runs (Start) the row is written in the next batch, off
+// the caller's path.
 func (s *Store) Submitted(ctx context.Context, j *job.Job, status job.Status, cached job.Cached) {
+	if s.enqueue(row{sub: submitted(j, status, cached)}) {
+		return
+	}
 	ctx, cancel := context.WithTimeout(ctx, submitTimeout)
 	defer cancel()
-	_, err := s.pool.Exec(ctx, `
-		INSERT INTO requests (id, tenant, priority, status, provider, model_tier, cached, case_id, cache_layer, created_at)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, ''), NULLIF($9, ''), $10)
-		ON CONFLICT (id) DO NOTHING`,
-		j.ID, j.Tenant, int(j.Priority), string(status), string(j.Route.Provider), j.Route.Tier, cached, j.CaseID, j.Layer, j.CreatedAt)
-	if err != nil {
+	if _, err := s.pool.Exec(ctx, submitSQL, submitted(j, status, cached)...); err != nil {
 		s.failed("insert", err)
 	}
 }
 
+const submitSQL = `
+		INSERT INTO requests (id, tenant, priority, status, provider, model_tier, cached, case_id, cache_layer, created_at)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, NULLIF($8, ''), NULLIF($9, ''), $10)
+		ON CONFLICT (id) DO NOTHING`
+
+// submitted are submitSQL's arguments.
+func submitted(j *job.Job, status job.Status, cached job.Cached) []any {
+	return []any{j.ID, j.Tenant, int(j.Priority), string(status), string(j.Route.Provider), j.Route.Tier, cached, j.CaseID, j.Layer, j.CreatedAt}
+}
+
 // Finished records a request's outcome (upsert: the submission row may be
 // missing if PostgreSQL was down then). costUSD is the estimated cost.
+// While the writer runs (Start) the row is written in the next batch; a
+// failed write goes to the outbox either way.
 func (s *Store) Finished(ctx context.Context, rec *job.Record, costUSD float64) {
+	cp := *rec // the caller's record may change once this returns
+	if s.enqueue(row{rec: &cp, cost: costUSD}) {
+		return
+	}
+	s.finishedOrKeep(ctx, rec, costUSD)
+}
+
+// finishedOrKeep writes an outcome, or keeps it in the outbox when
+// PostgreSQL is away.
+func (s *Store) finishedOrKeep(ctx context.Context, rec *job.Record, costUSD float64) {
 	if err := s.finished(ctx, rec, costUSD); err != nil {
 		s.failed("finish", err)
 		if refused(err) {
@@ -103,6 +126,24 @@ func (s *Store) Finished(ctx context.Context, rec *job.Record, costUSD float64) 
 func (s *Store) finished(ctx context.Context, rec *job.Record, costUSD float64) error {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
+	_, err := s.pool.Exec(ctx, finishSQL, outcome(rec, costUSD)...)
+	return err
+}
+
+const finishSQL = `
+		INSERT INTO requests (id, tenant, priority, status, provider, model_tier, served_provider, served_tier, key_id,
+			attempts, cached, case_id, cache_layer, input_tokens, output_tokens, cost_usd, created_at, started_at,
+			finished_at, queue_wait_ms, error, response, tokens_saved)
+		VALUES ($1,$2,$3,$4,$5,$6,$7,$8,NULLIF($9,''),$10,$11,NULLIF($12,''),NULLIF($13,''),$14,$15,$16,$17,$18,$19,$20,NULLIF($21,''),$22,$23)
+		ON CONFLICT (id) DO UPDATE SET status = EXCLUDED.status, served_provider = EXCLUDED.served_provider,
+			served_tier = EXCLUDED.served_tier, key_id = EXCLUDED.key_id, attempts = EXCLUDED.attempts,
+			cached = EXCLUDED.cached, input_tokens = EXCLUDED.input_tokens, output_tokens = EXCLUDED.output_tokens,
+			cost_usd = EXCLUDED.cost_usd, started_at = EXCLUDED.started_at, finished_at = EXCLUDED.finished_at,
+			queue_wait_ms = EXCLUDED.queue_wait_ms, error = EXCLUDED.error, response = EXCLUDED.response,
+			tokens_saved = EXCLUDED.tokens_saved`
+
+// outcome are finishSQL's arguments.
+func outcome(rec *job.Record, costUSD float64) []any {
 	j, st := rec.Job, rec.State
 	var served struct{ p, t *string }
 	if st.ServedRoute != nil {
@@ -125,22 +166,9 @@ func (s *Store) finished(ctx context.Context, rec *job.Record, costUSD float64) 
 	if !st.FinishedAt.IsZero() {
 		finished = &st.FinishedAt
 	}
-	cached := st.Cached.OrNone()
-	_, err := s.pool.Exec(ctx, `
-		INSERT INTO requests (id, tenant, priority, status, provider, model_tier, served_provider, served_tier, key_id,
-			attempts, cached, case_id, cache_layer, input_tokens, output_tokens, cost_usd, created_at, started_at,
-			finished_at, queue_wait_ms, error, response, tokens_saved)
-		VALUES ($1,$2,$3,$4,$5,$6,$7,$8,NULLIF($9,''),$10,$11,NULLIF($12,''),NULLIF($13,''),$14,$15,$16,$17,$18,$19,$20,NULLIF($21,''),$22,$23)
-		ON CONFLICT (id) DO UPDATE SET status = EXCLUDED.status, served_provider = EXCLUDED.served_provider,
-			served_tier = EXCLUDED.served_tier, key_id = EXCLUDED.key_id, attempts = EXCLUDED.attempts,
-			cached = EXCLUDED.cached, input_tokens = EXCLUDED.input_tokens, output_tokens = EXCLUDED.output_tokens,
-			cost_usd = EXCLUDED.cost_usd, started_at = EXCLUDED.started_at, finished_at = EXCLUDED.finished_at,
-			queue_wait_ms = EXCLUDED.queue_wait_ms, error = EXCLUDED.error, response = EXCLUDED.response,
-			tokens_saved = EXCLUDED.tokens_saved`,
-		j.ID, j.Tenant, int(j.Priority), string(rec.Status), string(j.Route.Provider), j.Route.Tier, served.p, served.t,
-		st.KeyID, st.Attempts, cached, j.CaseID, j.Layer, usage.InputTokens, usage.OutputTokens, costUSD,
-		j.CreatedAt, started, finished, waitMS, rec.Reason, resp, st.TokensSaved)
-	return err
+	return []any{j.ID, j.Tenant, int(j.Priority), string(rec.Status), string(j.Route.Provider), j.Route.Tier, served.p, served.t,
+		st.KeyID, st.Attempts, st.Cached.OrNone(), j.CaseID, j.Layer, usage.InputTokens, usage.OutputTokens, costUSD,
+		j.CreatedAt, started, finished, waitMS, rec.Reason, resp, st.TokensSaved}
 }
 
 // pruneBatch bounds the rows one DELETE removes: short transactions that

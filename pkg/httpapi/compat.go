@@ -175,7 +175,8 @@ func compatSubmission(c *gin.Context, route llm.Route, req *llm.Request) (intake
 	sub := intake.Submission{Route: route, Request: r,
 		CaseID: c.GetHeader("X-Bulwark-Case-Id"), Layer: c.GetHeader("X-Bulwark-Cache-Layer"),
 		ToolResultsHash: c.GetHeader("X-Bulwark-Tool-Results-Hash"),
-		IdempotencyKey:  c.GetHeader("Idempotency-Key"), Lang: progress.Lang(c.GetHeader("Accept-Language"))}
+		IdempotencyKey:  c.GetHeader("Idempotency-Key"), Lang: progress.Lang(c.GetHeader("Accept-Language")),
+		Waited: true}
 	if p := c.GetHeader("X-Bulwark-Priority"); p != "" {
 		v, err := priority.Parse(p)
 		if err != nil {
@@ -240,7 +241,7 @@ func (s *Server) await(ctx context.Context, a *intake.Accepted) (*job.Record, er
 	if a.CoalescedInto != "" {
 		follow = a.CoalescedInto
 	}
-	sub := s.d.Hub.Subscribe(follow, "en")
+	sub := s.d.Hub.Await(follow)
 	defer sub.Close()
 	timer := time.NewTimer(s.cfg.SyncTimeout)
 	defer timer.Stop()

@@ -54,6 +54,11 @@ type Submission struct {
 	NoCompress      bool // the caller opts out of prompt compression
 	IdempotencyKey  string
 	Lang            string // "zh" or "en", for messages
+	// Waited says the caller waits for the answer (the compat endpoints)
+	// and shows neither a queue position nor a degraded notice: intake
+	// skips reading them (the queue's depth and drain rate, the breakers),
+	// several Redis round trips per request that nobody would read.
+	Waited bool
 }
 
 // Accepted is the answer to a submission.
@@ -320,8 +325,10 @@ func (in *Intake) enqueue(ctx context.Context, j *job.Job, s Submission) (*Accep
 		in.history.Submitted(ctx, j, job.StatusQueued, job.CachedNone)
 	}
 	a := &Accepted{ID: id, Status: job.StatusQueued, Priority: j.Priority}
-	in.position(ctx, a, s.Lang)
-	in.degraded(ctx, j, a, s.Lang)
+	if !s.Waited {
+		in.position(ctx, a, s.Lang)
+		in.degraded(ctx, j, a, s.Lang)
+	}
 	return a, nil
 }
 

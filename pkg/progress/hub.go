@@ -63,6 +63,9 @@ type Hub struct {
 
 	mu   sync.Mutex
 	subs map[string]map[*Sub]struct{} // request id → subscribers
+	// placed counts the subscribers that want queue positions; without
+	// any, a dequeue costs no recomputation (guarded by mu).
+	placed int
 
 	kick chan struct{} // a dequeue happened
 }
@@ -91,6 +94,8 @@ type Sub struct {
 	// position updates have none.
 	C      chan job.Event
 	lagged atomic.Bool
+	// quiet subscribers get stored events only, no position updates.
+	quiet bool
 
 	// Owned by the hub's position loop.
 	lastPos  int
@@ -100,12 +105,26 @@ type Sub struct {
 // Subscribe registers a stream for request id. lang picks the language of
 // position messages ("zh" or "en"). Close it when the stream ends.
 func (h *Hub) Subscribe(id, lang string) *Sub {
-	s := &Sub{h: h, id: id, Lang: lang, C: make(chan job.Event, bufferSize)}
+	return h.subscribe(&Sub{h: h, id: id, Lang: lang, C: make(chan job.Event, bufferSize)})
+}
+
+// Await registers a caller that waits for request id's stored events
+// only (a compat endpoint waiting for the answer): no queue positions are
+// computed for it, which under load saves reading the whole queue on
+// every dequeue.
+func (h *Hub) Await(id string) *Sub {
+	return h.subscribe(&Sub{h: h, id: id, Lang: "en", C: make(chan job.Event, bufferSize), quiet: true})
+}
+
+func (h *Hub) subscribe(s *Sub) *Sub {
 	h.mu.Lock()
-	if h.subs[id] == nil {
-		h.subs[id] = map[*Sub]struct{}{}
+	if h.subs[s.id] == nil {
+		h.subs[s.id] = map[*Sub]struct{}{}
 	}
-	h.subs[id][s] = struct{}{}
+	h.subs[s.id][s] = struct{}{}
+	if !s.quiet {
+		h.placed++
+	}
 	h.mu.Unlock()
 	return s
 }
@@ -113,6 +132,9 @@ func (h *Hub) Subscribe(id, lang string) *Sub {
 // Close unregisters the subscription.
 func (s *Sub) Close() {
 	s.h.mu.Lock()
+	if _, ok := s.h.subs[s.id][s]; ok && !s.quiet {
+		s.h.placed--
+	}
 	delete(s.h.subs[s.id], s)
 	if len(s.h.subs[s.id]) == 0 {
 		delete(s.h.subs, s.id)
@@ -225,7 +247,7 @@ func (h *Hub) positionLoop(ctx context.Context) {
 
 func (h *Hub) updatePositions(ctx context.Context) {
 	h.mu.Lock()
-	n := len(h.subs)
+	n := h.placed
 	h.mu.Unlock()
 	if n == 0 {
 		return
@@ -244,7 +266,7 @@ func (h *Hub) updatePositions(ctx context.Context) {
 			continue
 		}
 		for s := range m {
-			if sp.Position == s.lastPos && now.Sub(s.lastSent) < h.cfg.KeepAlive {
+			if s.quiet || sp.Position == s.lastPos && now.Sub(s.lastSent) < h.cfg.KeepAlive {
 				continue
 			}
 			ev := QueuedEvent(id, sp.Position, sp.ETA, s.Lang)

@@ -435,3 +435,33 @@ func TestPositionsFollowDequeuesAndTicks(t *testing.T) {
 		}
 	})
 }
+
+// A caller awaiting the answer (Await) gets the stored events but no
+// position updates, and while only such callers are subscribed a position
+// update reads nothing from the queue.
+func TestAwaitGetsEventsWithoutPositions(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Config{})
+	f.run(t)
+	quiet := f.hub.Await("req-a")
+	defer quiet.Close()
+	f.pos.set("req-a", queue.Spot{Position: 3})
+	f.hub.updatePositions(context.Background())
+	if n := f.pos.readCount(); n != 0 {
+		t.Fatalf("%d position reads for a caller that shows none", n)
+	}
+	loud := f.hub.Subscribe("req-a", "en")
+	f.hub.updatePositions(context.Background())
+	if ev := recv(t, loud); ev.QueuePosition != 3 || f.pos.readCount() != 1 {
+		t.Fatalf("stream subscriber: %+v after %d reads", ev, f.pos.readCount())
+	}
+	loud.Close()
+	f.hub.updatePositions(context.Background())
+	if n := f.pos.readCount(); n != 1 {
+		t.Fatalf("%d position reads once the stream closed, want still 1", n)
+	}
+	f.create(t, "req-a")
+	if ev := recv(t, quiet); ev.Type != job.EventQueued || ev.ID == "" {
+		t.Fatalf("awaiting caller got %+v first, want the stored queued event (no position update)", ev)
+	}
+}

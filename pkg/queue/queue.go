@@ -157,6 +157,7 @@ type Queue struct {
 	client    *asynq.Client
 	inspector *asynq.Inspector
 	cfg       Config
+	admit     admission
 }
 
 // New returns a Queue on rdb; rdb stays owned by the caller.
@@ -254,31 +255,6 @@ func (q *Queue) waiting(ctx context.Context) (map[priority.Priority][]string, er
 		return nil, fmt.Errorf("queue: slot waiters: %w", err)
 	}
 	return w, nil
-}
-
-// Admit returns a *FullError (errors.Is ErrQueueFull) when the queues hold
-// MaxDepth requests, with a Retry-After computed from the drain rate.
-// Concurrent submissions may overshoot MaxDepth by at most their number.
-func (q *Queue) Admit(ctx context.Context) error {
-	d, err := q.Depth(ctx)
-	if err != nil {
-		return err
-	}
-	total := 0
-	for _, n := range d {
-		total += n
-	}
-	if total < q.cfg.MaxDepth {
-		return nil
-	}
-	rate, err := q.Rate(ctx)
-	if err != nil {
-		return err
-	}
-	// Room for one more appears once one request drains; say when a tenth
-	// of the queue will have, so retries do not stampede.
-	n := max(1, (total-q.cfg.MaxDepth)+q.cfg.MaxDepth/10)
-	return &FullError{Depth: total, RetryAfter: ETAFor(n, rate)}
 }
 
 // RecordStart notes that a request started (drain rate) and wakes position

@@ -102,6 +102,17 @@ func TestCacheFailsOpenWhenPostgresIsDown(t *testing.T) {
 	})
 }
 
+// waitCacheRows waits until the cache holds n entries: the finisher
+// stores an answer just after the request completes.
+func waitCacheRows(t *testing.T, api *apiProc, n int) {
+	t.Helper()
+	waitFor(t, 10*time.Second, fmt.Sprintf("%d cached answers", n), func() bool {
+		var got int
+		err := api.base.PG.QueryRow(t.Context(), "SELECT count(*) FROM semantic_cache").Scan(&got)
+		return err == nil && got >= n
+	})
+}
+
 func dbName(t *testing.T, dsn string) string {
 	t.Helper()
 	i := strings.LastIndex(dsn, "/")
@@ -135,6 +146,7 @@ func TestSemanticCacheThroughAPI(t *testing.T) {
 	if r := result(askSys(base)); r["cached"] != "none" {
 		t.Fatalf("first ask: %v", r)
 	}
+	waitCacheRows(t, api, 1) // stored once the caller has the answer
 	near := "Car VIN LSVAU2180N2199999 reported DTC P0A80 at 2026-11-30 09:41:07 after OTA 3.2.1; battery pack fault?"
 	r := result(askSys(near))
 	if r["cached"] != "semantic" || r["content"] != mockprovider.Reply(base) || r["similarity"].(float64) < 0.95 {
@@ -191,6 +203,7 @@ func TestOpenAICompatibleEmbedder(t *testing.T) {
 	if n := s.mock.Stats().Total().Embeddings; n != 1 {
 		t.Fatalf("%d embedding calls for one request", n)
 	}
+	waitCacheRows(t, api, 1) // stored once the caller has the answer
 	// An exact hit needs no embedding at all.
 	out := api.waitStatus(t, api.submit(t, ask(q)), 20*time.Second, "completed")
 	if res := out["result"].(map[string]any); res["cached"] != "exact" || s.mock.Stats().Total().Embeddings != 1 {

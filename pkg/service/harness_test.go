@@ -44,6 +44,7 @@ type system struct {
 	logs    *syncBuffer
 	apis    []*apiProc
 	workers []*service.Base
+	quiet   bool // opts.quiet
 }
 
 type apiProc struct {
@@ -68,6 +69,9 @@ type opts struct {
 	// pgDSN, when set, rewrites the DSN the processes get from that of
 	// the test's database (e.g. to a proxy in front of it).
 	pgDSN func(string) string
+	// quiet logs warnings and errors only (benchmarks: the debug log of
+	// every request would be measured too).
+	quiet bool
 }
 
 const defaultFallback = `fallback:
@@ -90,7 +94,7 @@ keys:
 // of their own (tenantYML).
 func newSystem(t testing.TB, o opts) *system {
 	t.Helper()
-	s := &system{t: t, redis: testenv.RedisOptions(t), pgDSN: testenv.Postgres(t), logs: &syncBuffer{}}
+	s := &system{t: t, redis: testenv.RedisOptions(t), pgDSN: testenv.Postgres(t), logs: &syncBuffer{}, quiet: o.quiet}
 	var err error
 	s.mock, err = mockprovider.New(o.mock)
 	if err != nil {
@@ -136,7 +140,11 @@ tenants:
 }
 
 func (s *system) logger() *slog.Logger {
-	return slog.New(slog.NewJSONHandler(s.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	level := slog.LevelDebug
+	if s.quiet {
+		level = slog.LevelWarn
+	}
+	return slog.New(slog.NewJSONHandler(s.logs, &slog.HandlerOptions{Level: level}))
 }
 
 func (s *system) open() *service.Base {

@@ -154,11 +154,10 @@ func Open(ctx context.Context, cfg *config.Config, logger *slog.Logger) (b *Base
 	}
 	b.History = history.New(b.PG, logger, time.Minute)
 	b.Claims = coalesce.New(b.Redis, ks.Root())
-	b.Finisher = finish.New(finish.Deps{Jobs: b.Jobs, History: b.History,
-		Claims: b.Claims, Metrics: b.Metrics, Price: cfg.Price, Logger: logger})
 	b.History.OnError = func() { b.Metrics.HistoryErrors.Inc() }
 	b.History.OnDrop = func() { b.Metrics.HistoryDropped.Inc() }
 	b.History.Outbox(b.Redis, ks.HistoryOutbox(), history.OutboxMaxDefault)
+	b.History.Start()
 
 	if cfg.Compression.Enabled {
 		if b.Compressor, err = compress.New(cfg.CompressConfig()); err != nil {
@@ -179,6 +178,11 @@ func Open(ctx context.Context, cfg *config.Config, logger *slog.Logger) (b *Base
 			return nil, fmt.Errorf("service: cache: %w", err)
 		}
 	}
+	fd := finish.Deps{Jobs: b.Jobs, History: b.History, Claims: b.Claims, Metrics: b.Metrics, Price: cfg.Price, Logger: logger}
+	if b.Cache != nil {
+		fd.Answers = b.Cache
+	}
+	b.Finisher = finish.New(fd)
 	if !pgUp {
 		b.migrateLater(ctx)
 	}
@@ -193,6 +197,9 @@ func (b *Base) Close() {
 	}
 	if b.Cache != nil {
 		b.Cache.Stop()
+	}
+	if b.History != nil {
+		b.History.Close() // the queued rows, before PostgreSQL closes
 	}
 	if b.Queue != nil {
 		_ = b.Queue.Close()

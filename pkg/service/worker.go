@@ -72,10 +72,6 @@ func (b *Base) azureConfig(name llm.Provider, p config.ProviderCfg) azure.Config
 // Start/Shutdown.
 func (b *Base) Worker(clients map[llm.Provider]llm.Client) (*asynq.Server, *asynq.ServeMux) {
 	cfg := b.Cfg
-	var ca dispatch.Cache
-	if b.Cache != nil {
-		ca = b.Cache
-	}
 	dc := dispatch.Config{
 		Clients: clients, RouteOrder: cfg.RouteOrder, ModelName: cfg.ModelName, Price: cfg.Price,
 		MaxActive: cfg.MaxActive(), PaceWait: cfg.Worker.PaceWait, HoldWait: cfg.Worker.HoldWait,
@@ -86,8 +82,7 @@ func (b *Base) Worker(clients map[llm.Provider]llm.Client) (*asynq.Server, *asyn
 	}
 	d := dispatch.New(dc, dispatch.Deps{
 		Jobs: b.Jobs, Starts: b.Queue, Slots: b.Slots, Pool: b.Pool, Breakers: b.Breakers,
-		Finisher: b.Finisher, Cache: ca,
-		Alerter: b, Metrics: b.Metrics, Logger: b.Logger,
+		Finisher: b.Finisher, Alerter: b, Metrics: b.Metrics, Logger: b.Logger,
 	})
 	srv := asynq.NewServerFromRedisClient(b.Redis, asynq.Config{
 		Concurrency:              cfg.Worker.Concurrency,
