@@ -78,22 +78,48 @@ func found(h Hit, err error) (Found, error) {
 	return Found{Kind: h.Kind, Similarity: h.Similarity, Age: h.Age, Answer: a}, nil
 }
 
-// StoreAnswer keeps the final answer of rec when the request allows it.
-// Only complete answers are kept: never errors, and not a truncated
-// (max_tokens) answer, which is partial.
-func (c *Cache) StoreAnswer(ctx context.Context, rec *job.Record) error {
+// StoreAnswer keeps the final answer of rec when the request allows it,
+// then calls then (which may be nil). Only complete answers are kept:
+// never errors, and not a truncated (max_tokens) answer, which is partial.
+// While the answer writer runs (Start), the entry is written in its next
+// batch and then runs after that write; otherwise now. An error is
+// returned only for an answer that cannot be stored (then has run).
+func (c *Cache) StoreAnswer(ctx context.Context, rec *job.Record, then func()) error {
+	if then == nil {
+		then = func() {}
+	}
 	if !rec.Job.CacheWrite || rec.Job.CacheKey == "" {
+		then()
 		return nil
 	}
 	st := rec.State
 	if st.Result == nil || st.ServedRoute == nil || st.Result.StopReason == llm.StopMaxTokens {
+		then()
 		return nil
 	}
 	body, err := json.Marshal(Answer{Route: *st.ServedRoute, Response: st.Result})
 	if err != nil {
+		then()
 		return fmt.Errorf("cache: encode answer of %s: %w", rec.Job.ID, err)
 	}
-	return c.Store(ctx, KeyOf(&rec.Job), rec.Job.Embedding, body)
+	args, err := c.storeArgs(ctx, KeyOf(&rec.Job), rec.Job.Embedding, body)
+	if err != nil {
+		then()
+		return err
+	}
+	if c.queueAnswer(pendingAnswer{args: args, then: then}) {
+		return nil
+	}
+	defer then()
+	qctx, cancel := context.WithTimeout(ctx, c.cfg.QueryTimeout)
+	defer cancel()
+	if _, err := c.pool.Exec(qctx, c.sqlStore, args...); err != nil {
+		err = fmt.Errorf("cache: store: %w: %w", ErrUnavailable, err)
+		c.fail(ctx, err)
+		return err
+	}
+	c.stores.Add(1)
+	return nil
 }
 
 // splitPrompt separates what is embedded (the last turn: the question)

@@ -68,6 +68,9 @@ type Stats struct {
 	Errors         int64 // operations that failed with ErrUnavailable (each is also a bypass)
 	HitCountsLost  int64 // hits whose count could not be recorded (queue full or write failed)
 	HitCountWrites int64 // hit-count flushes written
+	// StoresShed are answers not stored because the answer writer's queue
+	// was full (PostgreSQL slower than the answers arrive).
+	StoresShed int64
 }
 
 // Cache is layer 1: a semantic cache of final answers in PostgreSQL with
@@ -86,11 +89,13 @@ type Cache struct {
 	sqlSearch [2]string
 	sqlStore  string
 
-	hits hitLog
-	run  runner
+	hits    hitLog
+	run     runner
+	answers answerWriter
 
 	lookups, exactHits, semHits, misses, guardRejected atomic.Int64
 	stores, errs, hitsLost, hitWrites                  atomic.Int64
+	storesShed                                         atomic.Int64
 
 	// failMu guards the warning limiter.
 	failMu     sync.Mutex
@@ -494,34 +499,41 @@ func (c *Cache) search(ctx context.Context, round int, scope, ents string, emb [
 // be cached: it stores final successful answers only. Database and
 // embedder failures wrap ErrUnavailable.
 func (c *Cache) Store(ctx context.Context, k Key, emb []float32, response json.RawMessage) error {
-	layer, err := c.checkKey(k)
+	args, err := c.storeArgs(ctx, k, emb, response)
 	if err != nil {
-		return err
-	}
-	if !json.Valid(response) {
-		return errors.New("cache: store: response is not valid JSON")
-	}
-	prompt := Normalise(k.Prompt)
-	if emb == nil {
-		if emb, err = c.Embed(ctx, prompt); err != nil {
-			return err
-		}
-	}
-	if _, err := c.checkEmbedding(emb); err != nil {
 		return err
 	}
 	qctx, cancel := context.WithTimeout(ctx, c.cfg.QueryTimeout)
 	defer cancel()
-	_, err = c.pool.Exec(qctx, c.sqlStore,
-		scope(k, layer, *c.cfg.TenantIsolation), PromptHash(prompt), pgvector.NewVector(emb),
-		k.Tenant, k.CaseID, layer, prompt, []byte(response), c.cfg.TTL[layer].Seconds(), c.guard.extract(prompt).key())
-	if err != nil {
+	if _, err = c.pool.Exec(qctx, c.sqlStore, args...); err != nil {
 		err = fmt.Errorf("cache: store: %w: %w", ErrUnavailable, err)
 		c.fail(ctx, err)
 		return err
 	}
 	c.stores.Add(1)
 	return nil
+}
+
+// storeArgs checks an entry and returns sqlStore's arguments.
+func (c *Cache) storeArgs(ctx context.Context, k Key, emb []float32, response json.RawMessage) ([]any, error) {
+	layer, err := c.checkKey(k)
+	if err != nil {
+		return nil, err
+	}
+	if !json.Valid(response) {
+		return nil, errors.New("cache: store: response is not valid JSON")
+	}
+	prompt := Normalise(k.Prompt)
+	if emb == nil {
+		if emb, err = c.Embed(ctx, prompt); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := c.checkEmbedding(emb); err != nil {
+		return nil, err
+	}
+	return []any{scope(k, layer, *c.cfg.TenantIsolation), PromptHash(prompt), pgvector.NewVector(emb),
+		k.Tenant, k.CaseID, layer, prompt, []byte(response), c.cfg.TTL[layer].Seconds(), c.guard.extract(prompt).key()}, nil
 }
 
 // InvalidateCase deletes every stored answer of a diagnosis case, so none
@@ -576,6 +588,7 @@ func (c *Cache) Stats() Stats {
 		Misses:         c.misses.Load(),
 		GuardRejected:  c.guardRejected.Load(),
 		Stores:         c.stores.Load(),
+		StoresShed:     c.storesShed.Load(),
 		Errors:         c.errs.Load(),
 		HitCountsLost:  c.hitsLost.Load(),
 		HitCountWrites: c.hitWrites.Load(),

@@ -105,12 +105,15 @@ func (c *Cache) Start(ctx context.Context) error {
 	done := make(chan struct{})
 	c.run.cancel, c.run.done = cancel, done
 	go c.flushLoop(ctx, done)
+	c.startAnswers()
 	return nil
 }
 
-// Stop stops the background writer and writes the hits gathered so far
-// (bounded by QueryTimeout). It is safe to call twice, and before Start.
+// Stop stops the background writers and writes the hits gathered and the
+// answers queued so far (bounded by QueryTimeout). It is safe to call
+// twice, and before Start.
 func (c *Cache) Stop() {
+	c.stopAnswers()
 	c.run.mu.Lock()
 	cancel, done := c.run.cancel, c.run.done
 	c.run.cancel, c.run.done = nil, nil

@@ -51,9 +51,10 @@ type History interface {
 }
 
 // Answers keeps a provider's answer for identical and similar requests
-// (pkg/cache).
+// (pkg/cache): now, or in a background writer's next batch; then runs once
+// the answer is stored (or given up).
 type Answers interface {
-	StoreAnswer(ctx context.Context, rec *job.Record) error
+	StoreAnswer(ctx context.Context, rec *job.Record, then func()) error
 }
 
 // Claims releases coalescing claims.
@@ -160,14 +161,17 @@ func (f *Finisher) Finish(ctx context.Context, rec *job.Record, e Ending) error 
 	return nil
 }
 
-// store keeps a provider's answer in the cache once the caller has it: the
-// insert (an HNSW index update) is off the answer's path, and the
-// coalescing claim, released after it, covers the moments in between.
-func (f *Finisher) store(ctx context.Context, rec *job.Record) {
+// store keeps a provider's answer in the cache once the caller has it
+// (the insert, an HNSW index update, is off the answer's path), then runs
+// release: the coalescing claim, held until the answer is stored, covers
+// the moments in between (an identical request arriving then joins this
+// one and takes its answer from the record).
+func (f *Finisher) store(ctx context.Context, rec *job.Record, release func()) {
 	if f.d.Answers == nil || rec.Status != job.StatusCompleted || rec.State.Cached.OrNone() != job.CachedNone {
+		release()
 		return
 	}
-	if err := f.d.Answers.StoreAnswer(ctx, rec); err != nil {
+	if err := f.d.Answers.StoreAnswer(ctx, rec, release); err != nil {
 		f.d.Logger.Warn("finish: cache store", "request_id", rec.Job.ID, "err", err)
 	}
 }
@@ -241,13 +245,22 @@ func (f *Finisher) account(ctx context.Context, rec *job.Record) {
 	if f.d.History != nil {
 		f.d.History.Finished(ctx, rec, cost)
 	}
-	f.store(ctx, rec)
-	if f.d.Claims != nil && rec.Job.CacheKey != "" {
-		// A no-op unless this request leads its key. After the store: an
-		// identical request arriving meanwhile still finds this one
-		// leading and takes its answer from the record.
-		if err := f.d.Claims.Release(ctx, rec.Job.CacheKey, rec.Job.ID); err != nil {
-			f.d.Logger.Warn("finish: release coalescing claim", "request_id", rec.Job.ID, "err", err)
+	f.store(ctx, rec, f.release(rec))
+}
+
+// release returns what releases rec's coalescing claim: a no-op unless rec
+// leads its key. It may run after Finish returned (once the answer is
+// stored), so it has a context of its own.
+func (f *Finisher) release(rec *job.Record) func() {
+	if f.d.Claims == nil || rec.Job.CacheKey == "" {
+		return func() {}
+	}
+	key, id := rec.Job.CacheKey, rec.Job.ID
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
+		defer cancel()
+		if err := f.d.Claims.Release(ctx, key, id); err != nil {
+			f.d.Logger.Warn("finish: release coalescing claim", "request_id", id, "err", err)
 		}
 	}
 }

@@ -65,7 +65,8 @@ type fakeAnswers struct {
 	trail *trail
 }
 
-func (f *fakeAnswers) StoreAnswer(_ context.Context, rec *job.Record) error {
+func (f *fakeAnswers) StoreAnswer(_ context.Context, rec *job.Record, then func()) error {
+	defer then()
 	if !f.jobs.ended[rec.Job.ID] {
 		return errors.New("stored before the request ended")
 	}

@@ -196,6 +196,9 @@ func (s *system) startWorker() func() {
 	s.t.Helper()
 	b := s.open()
 	srv, mux := b.Worker(b.Clients())
+	if b.Cache != nil {
+		_ = b.Cache.Start(context.Background()) // as worker/main.go: hit counts and answers in the background
+	}
 	if err := srv.Start(mux); err != nil {
 		s.t.Fatalf("worker: %v", err)
 	}
