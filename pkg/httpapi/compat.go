@@ -237,6 +237,9 @@ var errStillQueued = errors.New("still queued")
 // await waits for a request (or the one it coalesced into) to end, up to
 // SyncTimeout, on the hub's events rather than by polling.
 func (s *Server) await(ctx context.Context, a *intake.Accepted) (*job.Record, error) {
+	if a.Ended != nil {
+		return a.Ended, nil // answered at submission: nothing to wait for or read
+	}
 	follow := a.ID
 	if a.CoalescedInto != "" {
 		follow = a.CoalescedInto

@@ -212,10 +212,14 @@ func (f memFinisher) Finish(ctx context.Context, rec *job.Record, e finish.Endin
 	case job.StatusFailed:
 		ev.Type = job.EventFailed
 	}
+	reason := finish.TenantReason(rec.Job, e.Code, e.Reason)
 	_, err := f.jobs.Apply(ctx, rec.Job.ID, job.Change{Status: e.Status, State: &st, Code: e.Code,
-		Reason: finish.TenantReason(rec.Job, e.Code, e.Reason), Event: &ev})
+		Reason: reason, Event: &ev})
 	if errors.Is(err, job.ErrTerminal) || errors.Is(err, job.ErrNotFound) {
 		return fmt.Errorf("finish %s: %w", rec.Job.ID, finish.ErrEnded)
+	}
+	if err == nil { // as finish.Finisher: rec matches what was written
+		rec.Status, rec.State, rec.Code, rec.Reason = e.Status, st, e.Code, reason
 	}
 	return err
 }

@@ -58,7 +58,7 @@ func (in *Intake) completeFromHit(ctx context.Context, j *job.Job, hit cache.Fou
 		return nil, err
 	}
 	return &Accepted{ID: j.ID, Status: job.StatusCompleted, Priority: j.Priority, Cached: hit.Kind,
-		Similarity: hit.Similarity, CacheAge: hit.Age, Result: job.ResultOf(st)}, nil
+		Similarity: hit.Similarity, CacheAge: hit.Age, Result: job.ResultOf(st), Ended: rec}, nil
 }
 
 // answeredMeanwhile closes the race between a cache miss and winning the
@@ -109,11 +109,13 @@ func (in *Intake) coalesce(ctx context.Context, j *job.Job, s Submission) (*Acce
 		st := lrec.State
 		st.Cached, st.CoalescedInto = job.CachedCoalesced, leader
 		st.KeyID, st.StartedAt, st.FinishedAt = "", time.Now(), time.Time{}
-		if err := in.finisher.Finish(ctx, &job.Record{Job: *j, Status: job.StatusQueued}, finish.Completed(st)); err != nil {
+		rec := &job.Record{Job: *j, Status: job.StatusQueued}
+		if err := in.finisher.Finish(ctx, rec, finish.Completed(st)); err != nil {
 			return nil, false, err
 		}
 		in.metrics.Coalesced.Inc()
-		return &Accepted{ID: j.ID, Status: job.StatusCompleted, Priority: j.Priority, Cached: job.CachedCoalesced, Result: job.ResultOf(st)}, true, nil
+		return &Accepted{ID: j.ID, Status: job.StatusCompleted, Priority: j.Priority, Cached: job.CachedCoalesced,
+			Result: job.ResultOf(st), Ended: rec}, true, nil
 	case lrec.Status.Terminal():
 		return nil, false, nil // the leader failed or was cancelled: run our own
 	}

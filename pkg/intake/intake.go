@@ -83,6 +83,10 @@ type Accepted struct {
 	Existing bool
 	// CoalescedInto names the identical request in flight this one joined.
 	CoalescedInto string
+	// Ended is the terminal record of a submission that ended at once (a
+	// cache hit, or the answer of a leader that had just completed), so a
+	// caller waiting for the answer need not read it back.
+	Ended *job.Record
 }
 
 // Queue is the part of queue.Queue intake uses.

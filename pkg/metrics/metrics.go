@@ -51,6 +51,7 @@ const (
 	NameKeyCooldowns      = "bulwark_key_cooldowns_total"
 	NameKeysDisabled      = "bulwark_keys_disabled_total"
 	NameCacheUnavailable  = "bulwark_cache_unavailable_total"
+	NameCacheStoresShed   = "bulwark_cache_stores_shed_total"
 	NameTokensSaved       = "bulwark_compression_tokens_saved_total"
 	NameHistoryErrors     = "bulwark_history_write_errors_total"
 	NameHistoryDropped    = "bulwark_history_dropped_total"
