@@ -222,9 +222,10 @@ type Status struct {
 // safe for concurrent use, and any number of Sets in any number of processes
 // may share the same breakers.
 type Set struct {
-	rdb    redis.Scripter
+	rdb    redis.UniversalClient
 	cfg    Config
 	logger *slog.Logger
+	views  views // healthy breakers, while Watch runs (view.go)
 
 	// clockOffset is a test hook: milliseconds added to Redis TIME by every
 	// script. Always zero outside this package's tests.
@@ -233,7 +234,7 @@ type Set struct {
 
 // New returns a Set over rdb. A nil logger discards. The caller owns rdb and
 // closes it.
-func New(rdb redis.Scripter, cfg Config, logger *slog.Logger) (*Set, error) {
+func New(rdb redis.UniversalClient, cfg Config, logger *slog.Logger) (*Set, error) {
 	if rdb == nil {
 		return nil, errors.New("breaker: nil Redis client")
 	}
@@ -244,7 +245,7 @@ func New(rdb redis.Scripter, cfg Config, logger *slog.Logger) (*Set, error) {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Set{rdb: rdb, cfg: cfg, logger: logger}, nil
+	return &Set{rdb: rdb, cfg: cfg, logger: logger, views: views{byName: map[string]view{}}}, nil
 }
 
 // Allow asks whether a call through breaker name may proceed. On admission
@@ -255,6 +256,9 @@ func New(rdb redis.Scripter, cfg Config, logger *slog.Logger) (*Set, error) {
 func (s *Set) Allow(ctx context.Context, name string) (*Permit, error) {
 	if err := checkName(name); err != nil {
 		return nil, fmt.Errorf("breaker: allow: %w", err)
+	}
+	if v, ok := s.views.healthy(name); ok {
+		return &Permit{set: s, name: name, gen: v.gen}, nil
 	}
 	token, err := newToken()
 	if err != nil {
@@ -267,14 +271,15 @@ func (s *Set) Allow(ctx context.Context, name string) (*Permit, error) {
 	if err != nil {
 		return nil, fmt.Errorf("breaker: allow %s: %w", name, err)
 	}
-	r, err := newReply("allow "+name, v, 5)
+	r, err := newReply("allow "+name, v, 6)
 	if err != nil {
 		return nil, err
 	}
-	verdict, stateStr, gen, waitMS, from := r.str(0), r.str(1), r.int(2), r.int(3), r.str(4)
+	verdict, stateStr, gen, waitMS, from, failures := r.str(0), r.str(1), r.int(2), r.int(3), r.str(4), r.int(5)
 	if r.err != nil {
 		return nil, r.err
 	}
+	s.views.learn(name, gen, verdict == "allow" && failures == 0)
 	state, err := parseState(stateStr)
 	if err != nil {
 		return nil, fmt.Errorf("breaker: allow %s: %w", name, err)
@@ -429,6 +434,7 @@ func (s *Set) transitioned(name string, from, to State, reason string) {
 	}
 	s.logger.Log(context.Background(), level, "breaker transition",
 		"breaker", name, "from", string(from), "to", string(to), "reason", reason)
+	s.announce(name)
 	if s.cfg.OnTransition != nil {
 		s.cfg.OnTransition(name, from, to, reason)
 	}
@@ -481,6 +487,10 @@ func (p *Permit) DoneReason(ctx context.Context, o Outcome, reason string) error
 		p.done = true // nothing to record and no slot to free
 		return nil
 	}
+	if v, ok := p.set.views.healthy(p.name); ok && p.token == "" && o == Success && v.gen == p.gen {
+		p.done = true // the failure count is zero: a reset would change nothing
+		return nil
+	}
 	s := p.set
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.cfg.RedisTimeout)
 	defer cancel()
@@ -499,6 +509,12 @@ func (p *Permit) DoneReason(ctx context.Context, o Outcome, reason string) error
 		return r.err
 	}
 	p.done = true
+	switch {
+	case result == "counted" && o == Failure && from == "":
+		s.announce(p.name) // a failure counted: others' successes must reset it
+	case result == "counted" && o == Success && p.token == "":
+		s.views.learn(p.name, p.gen, true) // closed, the count reset
+	}
 	if result == "stale" {
 		s.logger.Debug("breaker outcome arrived after the breaker moved on",
 			"breaker", p.name, "outcome", o.String(), "probe", p.Probe())

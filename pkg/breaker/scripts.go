@@ -98,7 +98,7 @@ end
 // ARGV[1] clock offset ms, ARGV[2] breaker name, ARGV[3] probe lease token,
 // ARGV[4] HalfOpenProbes, ARGV[5] ProbeTimeout ms.
 //
-// Reply: {verdict, state, gen, wait_ms, from}
+// Reply: {verdict, state, gen, wait_ms, from, failures}
 //
 //	verdict  "allow" (closed), "probe" (half-open; the token now holds a
 //	         lease), "reject"
@@ -107,6 +107,7 @@ end
 //	wait_ms  on reject: until the breaker turns half-open (open), or until
 //	         the earliest probe lease expires (half_open); else 0
 //	from     "open" when this call moved the breaker open→half_open, else ""
+//	failures consecutive failures counted while closed (0 otherwise)
 var allowScript = redis.NewScript(luaPrelude + `
 local now = now_ms()
 if redis.call('EXISTS', KEYS[1]) == 0 then
@@ -115,12 +116,12 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
 end
 local b = load(KEYS[1])
 if b.state == 'closed' then
-  return {'allow', 'closed', b.gen, 0, ''}
+  return {'allow', 'closed', b.gen, 0, '', b.failures}
 end
 local from = ''
 if b.state == 'open' then
   if now < b.retry_at then
-    return {'reject', 'open', b.gen, b.retry_at - now, ''}
+    return {'reject', 'open', b.gen, b.retry_at - now, '', 0}
   end
   to_half_open(KEYS[1], KEYS[2], b)
   from = 'open'
@@ -128,7 +129,7 @@ end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[4]) then
   local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-  return {'reject', 'half_open', b.gen, tonumber(first[2]) - now, from}
+  return {'reject', 'half_open', b.gen, tonumber(first[2]) - now, from, 0}
 end
 local ttl = tonumber(ARGV[5])
 redis.call('ZADD', KEYS[2], now + ttl, ARGV[3])
@@ -136,7 +137,7 @@ redis.call('ZADD', KEYS[2], now + ttl, ARGV[3])
 if redis.call('PTTL', KEYS[2]) < ttl then
   redis.call('PEXPIRE', KEYS[2], ttl)
 end
-return {'probe', 'half_open', b.gen, 0, from}
+return {'probe', 'half_open', b.gen, 0, from, 0}
 `)
 
 // doneScript records the outcome of a permitted call.
