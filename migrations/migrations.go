@@ -19,16 +19,32 @@ var files embed.FS
 // FS returns the migration files.
 func FS() fs.FS { return files }
 
+// Lock probing: goose's session locker tries the advisory lock once per
+// lockProbe, at most lockProbes times (5 minutes in all, goose's default
+// total). goose's default probe of 5 s made eleven processes started at
+// once wait for each other in 5 s steps, 10 s in all.
+const (
+	lockProbe  = 1 // seconds
+	lockProbes = 300
+)
+
 // Up applies every pending migration to db. It is safe to call from several
-// processes at once: goose takes a PostgreSQL advisory lock.
+// processes at once: goose takes a PostgreSQL advisory lock. A process
+// that finds nothing pending (read without the lock) does not take it, so
+// processes started after the first do not queue behind each other.
 func Up(ctx context.Context, db *sql.DB) error {
-	locker, err := lock.NewPostgresSessionLocker()
+	locker, err := lock.NewPostgresSessionLocker(lock.WithLockTimeout(lockProbe, lockProbes))
 	if err != nil {
 		return fmt.Errorf("migrations: locker: %w", err)
 	}
 	p, err := goose.NewProvider(goose.DialectPostgres, db, files, goose.WithSessionLocker(locker))
 	if err != nil {
 		return fmt.Errorf("migrations: %w", err)
+	}
+	// An error here (a fresh database has no version table yet) only
+	// means "not known to be current": Up, under the lock, decides.
+	if pending, err := p.HasPending(ctx); err == nil && !pending {
+		return nil
 	}
 	if _, err := p.Up(ctx); err != nil {
 		return fmt.Errorf("migrations: up: %w", err)
