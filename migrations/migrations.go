@@ -33,6 +33,9 @@ const (
 // that finds nothing pending (read without the lock) does not take it, so
 // processes started after the first do not queue behind each other.
 func Up(ctx context.Context, db *sql.DB) error {
+	if current(ctx, db) {
+		return nil
+	}
 	locker, err := lock.NewPostgresSessionLocker(lock.WithLockTimeout(lockProbe, lockProbes))
 	if err != nil {
 		return fmt.Errorf("migrations: locker: %w", err)
@@ -41,13 +44,27 @@ func Up(ctx context.Context, db *sql.DB) error {
 	if err != nil {
 		return fmt.Errorf("migrations: %w", err)
 	}
-	// An error here (a fresh database has no version table yet) only
-	// means "not known to be current": Up, under the lock, decides.
-	if pending, err := p.HasPending(ctx); err == nil && !pending {
-		return nil
-	}
 	if _, err := p.Up(ctx); err != nil {
 		return fmt.Errorf("migrations: up: %w", err)
 	}
 	return nil
+}
+
+// current reports whether every migration is applied, read without the
+// lock and without writing: false when in doubt (Up then decides under the
+// lock). goose's HasPending creates the version table when it is missing,
+// outside the lock, racing the process that holds it, so it is asked only
+// once the table exists, and through a provider of its own (goose creates
+// the table once per provider and would not try again).
+func current(ctx context.Context, db *sql.DB) bool {
+	var exists bool
+	if err := db.QueryRowContext(ctx, "SELECT to_regclass($1) IS NOT NULL", goose.DefaultTablename).Scan(&exists); err != nil || !exists {
+		return false
+	}
+	p, err := goose.NewProvider(goose.DialectPostgres, db, files)
+	if err != nil {
+		return false
+	}
+	pending, err := p.HasPending(ctx)
+	return err == nil && !pending
 }
