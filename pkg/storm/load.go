@@ -286,10 +286,12 @@ func (r *Result) summarise(outcomes []outcome, prompts []string, capacity float6
 	r.ETA, r.ETAFirst, r.ETAFirstWarm = errorStats(etaAll), errorStats(etaFirst), errorStats(etaWarm)
 }
 
-// steadyRate is the rate of correct answers between the 10th and the
+// steadyRate is the rate of correct answers between the 25th and the
 // 90th percentile of their arrival times, per second: the throughput
-// once the keys' full buckets have made their first burst and before
-// the last clients run out of requests. 0 with fewer than 10 answers.
+// once the keys' full buckets have spent their first burst (a second of
+// capacity, which more tasks than the keys serve drain in a second or
+// two) and before the last clients run out of requests. 0 with fewer
+// than 10 answers.
 func steadyRate(outcomes []outcome) float64 {
 	var done []time.Time
 	for _, o := range outcomes {
@@ -301,7 +303,7 @@ func steadyRate(outcomes []outcome) float64 {
 		return 0
 	}
 	slices.SortFunc(done, time.Time.Compare)
-	lo, hi := len(done)/10, len(done)-1-len(done)/10
+	lo, hi := len(done)/4, len(done)-1-len(done)/10
 	span := done[hi].Sub(done[lo])
 	if span <= 0 {
 		return 0

@@ -30,7 +30,7 @@ type Result struct {
 	Resubmits int
 	// Wall is the time from the first send to the last correct answer.
 	Wall time.Duration
-	// SteadyRate is the answers per second between the 10th and the 90th
+	// SteadyRate is the answers per second between the 25th and the 90th
 	// percentile of their arrival times (steadyRate): the scale bench's
 	// throughput.
 	SteadyRate float64

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"bulwark/pkg/config"
+	"bulwark/pkg/priority"
 )
 
 // Many processes on one pool (README, "Running on several machines"):
@@ -28,19 +29,20 @@ import (
 //
 // The scale bench (ScaleMain, `make scale`) runs one system per step with
 // 1, 2, 4 and 8 workers behind three api processes. Each worker runs
-// ScaleConcurrency tasks at once and each call takes about ScaleLatency,
-// so a worker serves about ScaleConcurrency ÷ ScaleLatency requests per
-// second — a real worker's worker.concurrency ÷ a real call's seconds,
-// scaled down — and the keys' ScaleKeys × ScaleRPM cap the sum: the
-// throughput must double with the workers until it meets the keys'
-// capacity, and stay there.
+// scaleTasks() NORMAL tasks at once (its worker.concurrency of
+// ScaleConcurrency less the tasks it keeps for CRITICAL, config.MaxActive)
+// and each call takes about ScaleLatency, so a worker serves about
+// scaleTasks() ÷ ScaleLatency requests per second — a real worker's
+// tasks ÷ a real call's seconds, scaled down — and the keys' ScaleKeys ×
+// ScaleRPM cap the sum: the throughput must double with the workers
+// until it meets the keys' capacity, and stay there.
 const (
 	ManyAPIs, ManyWorkers = 3, 8
 	ManyKeys, ManyRPM     = 4, 240
 	ManyLatency           = 1200 * time.Millisecond
 
 	ScaleAPIs        = 3
-	ScaleConcurrency = 2
+	ScaleConcurrency = 4
 	ScaleLatency     = 500 * time.Millisecond
 	ScaleKeys        = 4
 	ScaleRPM         = 300
@@ -75,7 +77,15 @@ func ScaleScenario(workers int, seconds time.Duration) Scenario {
 // scaleExpected is the rate a step of workers workers can reach on paper:
 // each worker's tasks at once over the call latency, capped by the keys.
 func scaleExpected(workers int, capacity float64) float64 {
-	return min(float64(workers*ScaleConcurrency)/ScaleLatency.Seconds(), capacity)
+	return min(float64(workers*scaleTasks())/ScaleLatency.Seconds(), capacity)
+}
+
+// scaleTasks is the NORMAL tasks a worker of ScaleConcurrency runs at
+// once: the rest it keeps free for CRITICAL.
+func scaleTasks() int {
+	c := config.Config{Worker: config.Worker{Concurrency: ScaleConcurrency},
+		Queue: config.Queue{Reserved: config.ReservedDefault()}}
+	return c.MaxActive()[priority.Normal]
 }
 
 // ScaleStep is one step of the scale bench.
@@ -190,9 +200,9 @@ func ScaleMain(ctx context.Context, args []string, stdout, stderr io.Writer) int
 		printLine(stderr, err)
 		return 1
 	}
-	printf(stdout, "scale: %d api processes; %d keys x %d RPM = %.0f requests/s; each worker %d tasks at once, calls of %s (about %.0f requests/s per worker); global limit %d calls\n",
-		ScaleAPIs, ScaleKeys, ScaleRPM, scaleCapacity(), ScaleConcurrency, ScaleLatency, float64(ScaleConcurrency)/ScaleLatency.Seconds(),
-		config.MaxConcurrentLLMCallsDefault)
+	printf(stdout, "scale: %d api processes; %d keys x %d RPM = %.0f requests/s; each worker %d NORMAL tasks at once (concurrency %d), calls of %s (at most %.0f requests/s per worker); global limit %d calls\n",
+		ScaleAPIs, ScaleKeys, ScaleRPM, scaleCapacity(), scaleTasks(), ScaleConcurrency, ScaleLatency,
+		float64(scaleTasks())/ScaleLatency.Seconds(), config.MaxConcurrentLLMCallsDefault)
 	env := Env{Bins: bins, PGAdminDSN: PGAdminDSN()}
 	var steps []ScaleStep
 	for _, w := range counts {

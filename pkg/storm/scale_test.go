@@ -136,7 +136,8 @@ func TestScaleScenario(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%d workers: %v\n%s", tt.workers, err, doc)
 		}
-		if cfg.Worker.Concurrency != ScaleConcurrency || len(cfg.Keys) != ScaleKeys || cfg.Keys[0].RPMLimit != ScaleRPM {
+		if cfg.Worker.Concurrency != ScaleConcurrency || len(cfg.Keys) != ScaleKeys || cfg.Keys[0].RPMLimit != ScaleRPM ||
+			cfg.MaxActive()[priority.Normal] != scaleTasks() || scaleTasks() != 2 {
 			t.Errorf("%d workers: concurrency %d, %d keys of %d RPM", tt.workers, cfg.Worker.Concurrency, len(cfg.Keys), cfg.Keys[0].RPMLimit)
 		}
 	}
