@@ -123,7 +123,8 @@ func scaleCapacity() float64 { return float64(ScaleKeys*ScaleRPM) / 60 }
 //     least 80 % of its workers times the first step's rate per worker
 //     (what a worker does on this machine, not on paper); a step whose
 //     workers can fill them reaches 85 % of their capacity; none exceeds
-//     it by more than 5 %;
+//     it by more than 10 % (the keys' one-second burst over a span of
+//     about ten seconds; measured: 3 % over);
 //   - at least one step where the keys are the limit.
 func scaleMisses(steps []ScaleStep, capacity float64, maxInFlight int64) []string {
 	var out []string
@@ -156,7 +157,7 @@ func scaleMisses(steps []ScaleStep, capacity float64, maxInFlight int64) []strin
 		case r.SteadyRate < 0.8*expected:
 			out = append(out, fmt.Sprintf("%s: %.2f requests/s < 80%% of %d × the first step's %.2f per worker", name, r.SteadyRate, s.Workers, perWorker))
 		}
-		if r.SteadyRate > 1.05*capacity {
+		if r.SteadyRate > 1.1*capacity {
 			out = append(out, fmt.Sprintf("%s: %.2f requests/s > the keys' %.2f/s", name, r.SteadyRate, capacity))
 		}
 	}
