@@ -273,7 +273,7 @@ func (r Result) Misses(t Targets) []string {
 func (r *Result) poolStats(sc Scenario, st mockprovider.Stats) {
 	r.KeyCalls, r.KeyRefused = map[string]int64{}, map[string]int64{}
 	for i := range sc.keys() {
-		id := fmt.Sprintf("openai-mini-%d", i+1)
+		id := stormKeyID(i)
 		c := st.Keys[mockprovider.Fingerprint(stormKey(i))]
 		r.KeyCalls[id] = c.Requests
 		if n := c.RateLimited + c.Busy; n > 0 {

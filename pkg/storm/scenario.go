@@ -34,7 +34,10 @@ func (s Scenario) keyRPM() int { return cmp.Or(s.PoolRPM, KeyRPM) }
 // requests per second (Capacity() unless PoolKeys or PoolRPM is set).
 func (s Scenario) capacity() float64 { return float64(s.keys()*s.keyRPM()) / 60 }
 
-// stormKey is the API key of the i-th (from 0) OpenAI key.
+// stormKeyID and stormKey are the id and the API key of the i-th (from
+// 0) OpenAI key.
+func stormKeyID(i int) string { return fmt.Sprintf("openai-mini-%d", i+1) }
+
 func stormKey(i int) string { return fmt.Sprintf("storm-openai-key-%d", i+1) }
 
 // Mode is how a scenario's clients talk to Bulwark.

@@ -488,8 +488,8 @@ func configYAML(sc Scenario, apiPort int, redisAddr, dsn, mockURL string) string
 	}
 	var keys strings.Builder
 	for i := range sc.keys() {
-		fmt.Fprintf(&keys, "  - {id: openai-mini-%d, provider: openai, model_tier: gpt4o-mini, api_key: %q, rpm_limit: %d, tpm_limit: %d}\n",
-			i+1, stormKey(i), sc.keyRPM(), MockTPM)
+		fmt.Fprintf(&keys, "  - {id: %s, provider: openai, model_tier: gpt4o-mini, api_key: %q, rpm_limit: %d, tpm_limit: %d}\n",
+			stormKeyID(i), stormKey(i), sc.keyRPM(), MockTPM)
 	}
 	if sc.FailPrimary || sc.FallbackKeys {
 		for i := range sc.keys() {
