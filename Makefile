@@ -28,7 +28,7 @@ storm:
 
 # The scale bench (README, Performance): three api processes and 1, 2, 4,
 # 8 workers on one pool, one system per step, one line per step; about
-# 2 minutes; exits 1 when the throughput does not rise with the workers
+# 1.5 minutes; exits 1 when the throughput does not rise with the workers
 # up to the keys' capacity, or a key or the global limit is exceeded.
 # SCALE_ARGS passes flags (e.g. -workers 1,2 -seconds 8s).
 scale:
