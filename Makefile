@@ -1,5 +1,5 @@
 # The two commands of the README: `make run` and `make test`.
-.PHONY: run test build bench storm faults fuzz lint
+.PHONY: run test build bench storm scale faults fuzz lint
 
 run:
 	scripts/run.sh
@@ -18,12 +18,21 @@ bench:
 	BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -run '^$$' -bench CacheThroughAPI -benchtime 400x -count 3 ./pkg/service
 	BULWARK_RACE=0 scripts/test.sh -run '^$$' -bench 'QueuedPath|ThousandStreams' -benchtime 1x -count 3 ./pkg/service
 	$(MAKE) storm
+	$(MAKE) scale
 
 # The storm benchmark alone (README, Performance): api, two workers and the
 # mock provider as OS processes, five scenarios, under five minutes; exits 1
 # when a target is missed. STORM_ARGS passes flags (e.g. -scenarios S1 -n 120).
 storm:
 	BULWARK_STORM=1 BULWARK_STORM_ARGS="$(STORM_ARGS)" BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -count=1 -run '^TestStormBench$$' -v -timeout 8m ./pkg/storm
+
+# The scale bench (README, Performance): three api processes and 1, 2, 4,
+# 8 workers on one pool, one system per step, one line per step; about
+# 1.5 minutes; exits 1 when the throughput does not rise with the workers
+# up to the keys' capacity, or a key or the global limit is exceeded.
+# SCALE_ARGS passes flags (e.g. -workers 1,2 -seconds 8s).
+scale:
+	BULWARK_SCALE=1 BULWARK_SCALE_ARGS="$(SCALE_ARGS)" BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -count=1 -run '^TestScaleBench$$' -v -timeout 6m ./pkg/storm
 
 # The fault matrix on real processes (README, Operating it): a worker
 # SIGKILLed 10 times mid-storm, Redis restarted mid-storm, PostgreSQL down at

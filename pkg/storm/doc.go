@@ -34,7 +34,12 @@
 //  4. one api and two worker processes sharing a generated config.yaml
 //     (BULWARK_CONFIG): four OpenAI keys on openai/gpt4o-mini with the
 //     mock's limits, no Claude keys (the fallback routes exist but hold no
-//     capacity), default queue settings, a tenant and an admin token.
+//     capacity), default queue settings, a tenant and an admin token. A
+//     scenario may ask for more api and worker processes (Scenario.APIs,
+//     Workers; every api after the first listens on a port of its own,
+//     BULWARK_STORM_API_LISTEN), other keys and worker concurrency;
+//     requests then go to the api processes in turn, each request's
+//     submission, events and polls to one.
 //
 // S3-mixed differs in steps 3 and 4 (mixed.go): its keys are those of
 // every provider kind — one Anthropic key on claude/sonnet, whose fallback
@@ -119,4 +124,13 @@
 // needs the test PostgreSQL server (`make bench` starts it through
 // scripts/test.sh and runs TestStormBench, which is the same code path).
 // TestShortStorm, part of `make test`, runs a short S1.
+//
+// # Many processes
+//
+// scale.go: TestManyProcesses (in `make test`) runs three api and eight
+// worker processes on one pool and checks from the mock's own counters
+// that no key refused a call and that calls in flight never exceeded the
+// global limit; the scale bench (ScaleMain, `make scale`) measures the
+// throughput of 1, 2, 4 and 8 workers behind three apis, one system per
+// step, up to the keys' capacity.
 package storm

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -61,10 +62,24 @@ type estimate struct {
 
 // driver sends a scenario's requests.
 type driver struct {
-	sc      Scenario
-	http    *http.Client
-	apiURL  string
+	sc     Scenario
+	http   *http.Client
+	apiURL string
+	// apiURLs are every api process's base URL; on(i) aims request i at
+	// one of them. Empty: apiURL serves every request.
+	apiURLs []string
 	prompts []string
+}
+
+// on returns the driver of request i: aimed at the api processes in turn
+// (round robin), its submission, events and polls all on that one.
+func (d *driver) on(i int) *driver {
+	if len(d.apiURLs) < 2 {
+		return d
+	}
+	c := *d
+	c.apiURL = d.apiURLs[i%len(d.apiURLs)]
+	return &c
 }
 
 // Run runs one scenario on fresh processes, Redis and database, and returns
@@ -72,7 +87,7 @@ type driver struct {
 // would not start or exited during the run); the Result is then partial.
 func Run(ctx context.Context, env Env, sc Scenario) (res Result, err error) {
 	res = Result{Scenario: sc.Name, Total: sc.Requests, Limit: sc.Limit, MockWindow: env.Bins.MockWindow || sc.Mixed,
-		async: sc.Mode == Async, mixed: sc.Mixed}
+		async: sc.Mode == Async, mixed: sc.Mixed, procs: sc.APIs > 0 || sc.Workers > 0}
 	transport := &http.Transport{MaxIdleConnsPerHost: 2*sc.Clients + 16, IdleConnTimeout: 30 * time.Second}
 	defer transport.CloseIdleConnections()
 	client := &http.Client{Transport: transport}
@@ -109,7 +124,7 @@ func Run(ctx context.Context, env Env, sc Scenario) (res Result, err error) {
 			return res, err
 		}
 	}
-	d := &driver{sc: sc, http: client, apiURL: sys.apiURL, prompts: sc.prompts()}
+	d := &driver{sc: sc, http: client, apiURL: sys.apiURL, apiURLs: sys.apiURLs, prompts: sc.prompts()}
 	outcomes := make([]outcome, sc.Requests)
 	limitCtx, cancelLimit := context.WithTimeoutCause(loadCtx, sc.Limit, errLimit)
 	defer cancelLimit()
@@ -123,9 +138,9 @@ func Run(ctx context.Context, env Env, sc Scenario) (res Result, err error) {
 					return
 				}
 				if sc.Mode == Async {
-					outcomes[i] = d.async(limitCtx, i)
+					outcomes[i] = d.on(i).async(limitCtx, i)
 				} else {
-					outcomes[i] = d.chat(limitCtx, i)
+					outcomes[i] = d.on(i).chat(limitCtx, i)
 				}
 			}
 		})
@@ -140,11 +155,15 @@ func Run(ctx context.Context, env Env, sc Scenario) (res Result, err error) {
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	stats, serr := mockStats(sctx, client, sys.mockURL)
+	var werr error
+	if res.procs {
+		res.WorkerCalls, werr = sys.workerCalls(sctx, client)
+	}
 	stopWatch()
 	watchWG.Wait()
 	watch.poll(sctx)
 	res.BreakerOpenings, res.OpenedBreakers, res.OpeningsByName, res.BreakerPollErrors = watch.result()
-	res.summarise(outcomes, d.prompts)
+	res.summarise(outcomes, d.prompts, sc.capacity())
 	if env.EstimatesDir != "" && sc.Mode == Async {
 		if err := writeEstimates(filepath.Join(env.EstimatesDir, sc.Name+"-estimates.csv"), outcomes); err != nil {
 			return res, err
@@ -158,8 +177,11 @@ func Run(ctx context.Context, env Env, sc Scenario) (res Result, err error) {
 		if res.Sent > 0 {
 			res.CallsPerRequest = float64(res.ProviderCalls) / float64(res.Sent)
 		}
+		res.MaxInFlight = t.MaxInFlight
 		if sc.Mixed {
 			res.mixedStats(stats)
+		} else {
+			res.poolStats(sc, stats)
 		}
 	}
 	if sc.Mixed && res.Wall > 0 {
@@ -174,12 +196,15 @@ func Run(ctx context.Context, env Env, sc Scenario) (res Result, err error) {
 		return res, context.Cause(ctx)
 	case serr != nil:
 		return res, serr
+	case werr != nil:
+		return res, werr
 	}
 	return res, nil
 }
 
 // summarise fills the result from the outcomes.
-func (r *Result) summarise(outcomes []outcome, prompts []string) {
+// capacity is the keys' requests per second, goodput's denominator.
+func (r *Result) summarise(outcomes []outcome, prompts []string, capacity float64) {
 	r.Lost, r.Served, r.Routes = map[string]int{}, map[string]int{}, map[string]int{}
 	distinct := map[string]bool{}
 	called := map[string]int{} // provider-answered requests per prompt
@@ -251,13 +276,39 @@ func (r *Result) summarise(outcomes []outcome, prompts []string) {
 	if r.Answered > 0 {
 		r.Wall = last.Sub(first)
 		if r.Wall > 0 {
-			r.Goodput = float64(r.Answered) / (r.Wall.Seconds() * Capacity())
+			r.Goodput = float64(r.Answered) / (r.Wall.Seconds() * capacity)
 		}
 		r.P50, r.P99 = percentile(lat, 0.50), percentile(lat, 0.99)
 	}
+	r.SteadyRate = steadyRate(outcomes)
 	r.CriticalWaits = len(critical)
 	r.CriticalP99 = percentile(critical, 0.99)
 	r.ETA, r.ETAFirst, r.ETAFirstWarm = errorStats(etaAll), errorStats(etaFirst), errorStats(etaWarm)
+}
+
+// steadyRate is the rate of correct answers between the 25th and the
+// 90th percentile of their arrival times, per second: the throughput
+// once the keys' full buckets have spent their first burst (a second of
+// capacity, which more tasks than the keys serve drain in a second or
+// two) and before the last clients run out of requests. 0 with fewer
+// than 10 answers.
+func steadyRate(outcomes []outcome) float64 {
+	var done []time.Time
+	for _, o := range outcomes {
+		if o.ok {
+			done = append(done, o.doneAt)
+		}
+	}
+	if len(done) < 10 {
+		return 0
+	}
+	slices.SortFunc(done, time.Time.Compare)
+	lo, hi := len(done)/4, len(done)-1-len(done)/10
+	span := done[hi].Sub(done[lo])
+	if span <= 0 {
+		return 0
+	}
+	return float64(hi-lo) / span.Seconds()
 }
 
 // reasonWrong marks an answer that is not mockprovider.Reply(prompt).

@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"bulwark/pkg/mockprovider"
 )
 
 // Result is what one scenario measured.
@@ -28,6 +30,10 @@ type Result struct {
 	Resubmits int
 	// Wall is the time from the first send to the last correct answer.
 	Wall time.Duration
+	// SteadyRate is the answers per second between the 25th and the 90th
+	// percentile of their arrival times (steadyRate): the scale bench's
+	// throughput.
+	SteadyRate float64
 	// Goodput is Answered ÷ (Wall seconds × the keys' requests per second);
 	// in S3-mixed the answers of the cloud routes ÷ (Wall seconds × their
 	// keys' requests per second, MixedCloudCapacity).
@@ -52,14 +58,21 @@ type Result struct {
 	// (X-Bulwark-Provider/X-Bulwark-Model-Tier, result.provider/model_tier;
 	// "unknown" when Bulwark named none).
 	Routes map[string]int
-	// S3-mixed only, from the mock: KeyCalls are each key's calls and
-	// KeyRefused its bucket 429s and busy 503s (keys with none left out),
-	// by key id; LocalMaxInFlight the most calls at once on the local
+	// From the mock: KeyCalls are each key's calls and KeyRefused its
+	// bucket 429s and busy 503s (keys with none left out), by key id.
+	// S3-mixed only: LocalMaxInFlight the most calls at once on the local
 	// model's key; StrayCalls the calls on keys the scenario does not
 	// know (a Bedrock call signed with other credentials, say).
 	KeyCalls, KeyRefused map[string]int64
 	LocalMaxInFlight     int64
 	StrayCalls           int64
+	// MaxInFlight is the most provider calls the mock had in flight at
+	// once, over every key: what the global concurrency limit bounds.
+	MaxInFlight int64
+	// WorkerCalls are the provider calls each worker process made
+	// (its bulwark_provider_calls_total), by process name; read only
+	// when the scenario chose its processes.
+	WorkerCalls map[string]int64
 	// P50 and P99 of the end-to-end latency of correct answers (send to
 	// answer; async: submit to the completed event).
 	P50, P99 time.Duration
@@ -91,6 +104,7 @@ type Result struct {
 
 	async bool // the scenario was async: print the async fields
 	mixed bool // the scenario was S3-mixed: print its fields
+	procs bool // the scenario chose its api and worker processes: print the mock's gauges
 }
 
 // ErrorStats summarises relative errors.
@@ -146,6 +160,12 @@ func (r Result) String() string {
 		}
 		if r.StrayCalls > 0 {
 			fmt.Fprintf(&b, " stray_calls=%d", r.StrayCalls)
+		}
+	}
+	if r.procs {
+		fmt.Fprintf(&b, " max_in_flight=%d worker_calls={%s}", r.MaxInFlight, countsText(r.WorkerCalls))
+		if len(r.KeyRefused) > 0 {
+			fmt.Fprintf(&b, " key_refused={%s}", countsText(r.KeyRefused))
 		}
 	}
 	if r.async {
@@ -246,4 +266,18 @@ func (r Result) Misses(t Targets) []string {
 		}
 	}
 	return out
+}
+
+// poolStats fills KeyCalls and KeyRefused of a scenario on the storm's
+// OpenAI keys from the mock's stats, by key id.
+func (r *Result) poolStats(sc Scenario, st mockprovider.Stats) {
+	r.KeyCalls, r.KeyRefused = map[string]int64{}, map[string]int64{}
+	for i := range sc.keys() {
+		id := stormKeyID(i)
+		c := st.Keys[mockprovider.Fingerprint(stormKey(i))]
+		r.KeyCalls[id] = c.Requests
+		if n := c.RateLimited + c.Busy; n > 0 {
+			r.KeyRefused[id] = n
+		}
+	}
 }

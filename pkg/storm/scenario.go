@@ -1,6 +1,7 @@
 package storm
 
 import (
+	"cmp"
 	"fmt"
 	"strings"
 	"time"
@@ -22,6 +23,22 @@ const (
 
 // Capacity is what the keys can serve, in requests per second.
 func Capacity() float64 { return Keys * KeyRPM / 60.0 }
+
+// keys is the number of keys on the asked route: PoolKeys, or Keys.
+func (s Scenario) keys() int { return cmp.Or(s.PoolKeys, Keys) }
+
+// keyRPM is each key's requests per minute: PoolRPM, or KeyRPM.
+func (s Scenario) keyRPM() int { return cmp.Or(s.PoolRPM, KeyRPM) }
+
+// capacity is what the scenario's keys on the asked route can serve, in
+// requests per second (Capacity() unless PoolKeys or PoolRPM is set).
+func (s Scenario) capacity() float64 { return float64(s.keys()*s.keyRPM()) / 60 }
+
+// stormKeyID and stormKey are the id and the API key of the i-th (from
+// 0) OpenAI key.
+func stormKeyID(i int) string { return fmt.Sprintf("openai-mini-%d", i+1) }
+
+func stormKey(i int) string { return fmt.Sprintf("storm-openai-key-%d", i+1) }
 
 // Mode is how a scenario's clients talk to Bulwark.
 type Mode int
@@ -68,6 +85,20 @@ type Scenario struct {
 	// over their routes (S3-mixed, mixed.go). The mock then runs in the
 	// storm's process with a limit per key.
 	Mixed bool
+	// APIs and Workers are the api and worker processes that share the
+	// scenario's Redis, database and keys; 0 means 1 and 2. Requests go
+	// to the api processes in turn (request i to api i mod APIs).
+	APIs, Workers int
+	// WorkerConcurrency, when > 0, is each worker's worker.concurrency
+	// (tasks at once); 0 leaves the configuration's default.
+	WorkerConcurrency int
+	// PoolKeys and PoolRPM, when > 0, replace Keys and KeyRPM: the
+	// OpenAI keys on openai/gpt4o-mini and each one's requests per
+	// minute, in the pool and at the mock.
+	PoolKeys, PoolRPM int
+	// MockWindow, when > 0, is the mock's enforcement window instead of
+	// 1 s (the pool's burst window stays 1 s).
+	MockWindow time.Duration
 	// Limit is the hard time limit of the load: at Limit after the first
 	// send the clients are cancelled and the result says what arrived.
 	Limit time.Duration

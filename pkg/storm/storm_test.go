@@ -20,16 +20,12 @@ func TestShortStorm(t *testing.T) {
 	if testing.Short() {
 		t.Skip("storm: builds the binaries and runs redis-server, an api, two workers and the mock for about 30 s; skipped under -short")
 	}
-	ctx := t.Context()
-	bins, err := Build(ctx, t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
 	sc, err := NewScenario("S1", 120, 50, 40*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	res, err := Run(ctx, Env{Bins: bins}, sc)
+	// The binaries TestManyProcesses runs too: one build for both.
+	res, err := Run(t.Context(), Env{Bins: sharedBinaries(t)}, sc)
 	t.Log(res.String())
 	if err != nil {
 		t.Fatalf("storm: %v", err)

@@ -1,11 +1,14 @@
 package storm
 
 import (
+	"bufio"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
@@ -18,6 +21,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"bulwark/pkg/metrics"
 )
 
 // PGAdminDSNDefault is the `make test` PostgreSQL server's maintenance
@@ -59,9 +64,12 @@ type Env struct {
 
 // system is one scenario's set of processes, Redis and database.
 type system struct {
-	dir      string
-	keepDir  bool
+	dir     string
+	keepDir bool
+	// apiURL is the first api process's; apiURLs every api process's, in
+	// start order (apiURLs[0] == apiURL).
 	apiURL   string
+	apiURLs  []string
 	mockURL  string
 	pgAdmin  string
 	database string // created on the PostgreSQL server; "" until then
@@ -84,6 +92,9 @@ type system struct {
 	redis    *process   // the running redis-server; guarded by mu
 	postgres *process   // the own PostgreSQL server while it runs; guarded by mu
 	workers  int        // worker processes started so far; guarded by mu
+	// metricsURLs are the /metrics URLs of the workers started, by
+	// process name; guarded by mu.
+	metricsURLs map[string]string
 	// inMock is the mock served by this process (S3-mixed), nil when the
 	// mock is a process of procs; set by startSystemWith before anything
 	// else runs, then guarded by mu (close stops it and clears it).
@@ -97,6 +108,9 @@ type system struct {
 // options changes what startSystemWith starts; the zero value is the
 // storm benchmark's system (startSystem).
 type options struct {
+	// APIs is the number of api processes, each on a port of its own
+	// (api, api-2, …). Default 1.
+	APIs int
 	// Workers is the number of worker processes. Default 2.
 	Workers int
 	// AppendOnly runs Redis with appendonly yes and appendfsync everysec,
@@ -125,15 +139,19 @@ const providerURLVar = "BULWARK_STORM_PROVIDER_URL"
 // of its own (startAPI); the first listens on the configured one.
 const apiListenVar = "BULWARK_STORM_API_LISTEN"
 
-// startSystem starts Redis, the database, the mock, the api and two
-// workers for sc and waits until all are ready. On error everything
-// started is stopped again; the error carries the logs' last lines.
+// startSystem starts Redis, the database, the mock, the api processes
+// and the workers for sc (one api and two workers unless sc says
+// otherwise) and waits until all are ready. On error everything started
+// is stopped again; the error carries the logs' last lines.
 func startSystem(ctx context.Context, env Env, sc Scenario, client *http.Client) (s *system, err error) {
-	return startSystemWith(ctx, env, sc, client, options{})
+	return startSystemWith(ctx, env, sc, client, options{APIs: sc.APIs, Workers: sc.Workers})
 }
 
 // startSystemWith is startSystem with o's changes.
 func startSystemWith(ctx context.Context, env Env, sc Scenario, client *http.Client, o options) (s *system, err error) {
+	if o.APIs == 0 {
+		o.APIs = 1
+	}
 	if o.Workers == 0 {
 		o.Workers = 2
 	}
@@ -215,10 +233,10 @@ func startSystemWith(ctx context.Context, env Env, sc Scenario, client *http.Cli
 			return s, err
 		}
 	} else {
-		mockArgs := []string{"-addr", "127.0.0.1:" + strconv.Itoa(ports[1]), "-rpm", strconv.Itoa(KeyRPM),
+		mockArgs := []string{"-addr", "127.0.0.1:" + strconv.Itoa(ports[1]), "-rpm", strconv.Itoa(sc.keyRPM()),
 			"-tpm", strconv.Itoa(MockTPM), "-latency", sc.Latency.String(), "-jitter", sc.Jitter.String()}
 		if env.Bins.MockWindow {
-			mockArgs = append(mockArgs, "-window", "1s")
+			mockArgs = append(mockArgs, "-window", cmp.Or(sc.MockWindow, time.Second).String())
 		}
 		if mp, err = startProcess("mock", dir, env.Bins.Mock, mockArgs, os.Environ(), onExit); err != nil {
 			return s, err
@@ -245,9 +263,19 @@ func startSystemWith(ctx context.Context, env Env, sc Scenario, client *http.Cli
 		return s, err
 	}
 	s.addProc(ap)
+	s.apiURLs = []string{s.apiURL}
 	type started struct {
 		p   *process
 		url string
+	}
+	apis := []started{{ap, s.apiURL}}
+	for i := 2; i <= o.APIs; i++ {
+		p, u, err := s.startAPI(fmt.Sprintf("api-%d", i), nil, onExit)
+		if err != nil {
+			return s, err
+		}
+		apis = append(apis, started{p, u})
+		s.apiURLs = append(s.apiURLs, u)
 	}
 	var workers []started
 	for range o.Workers {
@@ -266,8 +294,10 @@ func startSystemWith(ctx context.Context, env Env, sc Scenario, client *http.Cli
 			return s, err
 		}
 	}
-	if err := waitReady(rctx, ap, "GET /readyz", httpOK(client, s.apiURL+"/readyz")); err != nil {
-		return s, err
+	for _, a := range apis {
+		if err := waitReady(rctx, a.p, "GET /readyz", httpOK(client, a.url+"/readyz")); err != nil {
+			return s, err
+		}
 	}
 	for _, w := range workers {
 		if err := waitReady(rctx, w.p, "GET "+w.url, httpOK(client, w.url)); err != nil {
@@ -340,7 +370,74 @@ func (s *system) startWorker() (*process, string, error) {
 		return nil, "", err
 	}
 	s.addProc(wp)
-	return wp, "http://127.0.0.1:" + strconv.Itoa(port) + "/metrics", nil
+	u := "http://127.0.0.1:" + strconv.Itoa(port) + "/metrics"
+	s.mu.Lock()
+	if s.metricsURLs == nil {
+		s.metricsURLs = map[string]string{}
+	}
+	s.metricsURLs[name] = u
+	s.mu.Unlock()
+	return wp, u, nil
+}
+
+// workerCalls reads every worker's bulwark_provider_calls_total, summed
+// over its labels, by process name: which workers did the calls.
+func (s *system) workerCalls(ctx context.Context, client *http.Client) (map[string]int64, error) {
+	s.mu.Lock()
+	urls := maps.Clone(s.metricsURLs)
+	s.mu.Unlock()
+	out := make(map[string]int64, len(urls))
+	for name, u := range urls {
+		n, err := counterSum(ctx, client, u, metrics.NameProviderCalls)
+		if err != nil {
+			return out, fmt.Errorf("storm: %s: %w", name, err)
+		}
+		out[name] = n
+	}
+	return out, nil
+}
+
+// counterSum reads the Prometheus text at url and sums every sample of
+// the counter family name.
+func counterSum(ctx context.Context, client *http.Client, url, name string) (int64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, fmt.Errorf("GET %s: %w", url, err)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("GET %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("GET %s: status %d", url, resp.StatusCode)
+	}
+	var sum float64
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		rest, ok := strings.CutPrefix(line, name)
+		if !ok || (rest != "" && rest[0] != '{' && rest[0] != ' ') {
+			continue // another family, or a longer name sharing the prefix
+		}
+		if strings.HasPrefix(rest, "{") {
+			rest = rest[strings.LastIndexByte(rest, '}')+1:]
+		}
+		fields := strings.Fields(rest)
+		if len(fields) == 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(fields[0], 64)
+		if err != nil {
+			return 0, fmt.Errorf("GET %s: sample %q: %w", url, line, err)
+		}
+		sum += v
+	}
+	if err := sc.Err(); err != nil {
+		return 0, fmt.Errorf("GET %s: %w", url, err)
+	}
+	return int64(sum), nil
 }
 
 // restartRedis stops redis-server gracefully (SIGTERM: with appendonly it
@@ -390,15 +487,19 @@ func configYAML(sc Scenario, apiPort int, redisAddr, dsn, mockURL string) string
 		return mixedConfigYAML(sc, apiPort, redisAddr, dsn, mockURL)
 	}
 	var keys strings.Builder
-	for i := range Keys {
-		fmt.Fprintf(&keys, "  - {id: openai-mini-%d, provider: openai, model_tier: gpt4o-mini, api_key: \"storm-openai-key-%d\", rpm_limit: %d, tpm_limit: %d}\n",
-			i+1, i+1, KeyRPM, MockTPM)
+	for i := range sc.keys() {
+		fmt.Fprintf(&keys, "  - {id: %s, provider: openai, model_tier: gpt4o-mini, api_key: %q, rpm_limit: %d, tpm_limit: %d}\n",
+			stormKeyID(i), stormKey(i), sc.keyRPM(), MockTPM)
 	}
 	if sc.FailPrimary || sc.FallbackKeys {
-		for i := range Keys {
+		for i := range sc.keys() {
 			fmt.Fprintf(&keys, "  - {id: claude-haiku-%d, provider: claude, model_tier: haiku, api_key: \"storm-claude-key-%d\", rpm_limit: %d, tpm_limit: %d}\n",
-				i+1, i+1, KeyRPM, MockTPM)
+				i+1, i+1, sc.keyRPM(), MockTPM)
 		}
+	}
+	workerExtra := "" // the configuration's default concurrency
+	if sc.WorkerConcurrency > 0 {
+		workerExtra = fmt.Sprintf(", concurrency: %d", sc.WorkerConcurrency)
 	}
 	cache := "cache: {enabled: false}"
 	if sc.Cache {
@@ -410,7 +511,7 @@ func configYAML(sc Scenario, apiPort int, redisAddr, dsn, mockURL string) string
 server: {listen: "${`+apiListenVar+`:-127.0.0.1:%d}", admin_token: %q, shutdown_timeout: 3s}
 redis: {addr: %q}
 postgres: {dsn: %q, max_conns: 8}
-worker: {metrics_listen: "${BULWARK_STORM_METRICS_LISTEN:-off}", shutdown_timeout: 5s}
+worker: {metrics_listen: "${BULWARK_STORM_METRICS_LISTEN:-off}", shutdown_timeout: 5s%s}
 log: {format: json, level: info}
 providers:
   claude: {base_url: %q, timeout: 30s, tiers: {haiku: claude-haiku-4-5, sonnet: claude-sonnet-4-5}}
@@ -427,7 +528,7 @@ keys:
 %s%s
 tenants:
   - {name: storm, token: %q, max_priority: critical, max_streams: -1, max_sync_waits: -1}
-`, sc.Name, apiPort, adminToken, redisAddr, dsn, mockURL, mockURL, keys.String(), cache, tenantToken)
+`, sc.Name, apiPort, adminToken, redisAddr, dsn, workerExtra, mockURL, mockURL, keys.String(), cache, tenantToken)
 }
 
 // mixedConfigYAML is configYAML for S3-mixed: the same processes and
