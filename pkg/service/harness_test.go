@@ -68,6 +68,9 @@ type opts struct {
 	// pgDSN, when set, rewrites the DSN the processes get from that of
 	// the test's database (e.g. to a proxy in front of it).
 	pgDSN func(string) string
+	// redisYML, when set, replaces the redis section: a Redis of the
+	// test's own (a cluster, a sentinel setup); s.redis is then nil.
+	redisYML string
 }
 
 const defaultFallback = `fallback:
@@ -90,7 +93,12 @@ keys:
 // of their own (tenantYML).
 func newSystem(t testing.TB, o opts) *system {
 	t.Helper()
-	s := &system{t: t, redis: testenv.RedisOptions(t), pgDSN: testenv.Postgres(t), logs: &syncBuffer{}}
+	s := &system{t: t, pgDSN: testenv.Postgres(t), logs: &syncBuffer{}}
+	redisYML := o.redisYML
+	if redisYML == "" {
+		s.redis = testenv.RedisOptions(t)
+		redisYML = fmt.Sprintf("redis: {addr: %q, db: %d}", s.redis.Addr, s.redis.DB)
+	}
 	var err error
 	s.mock, err = mockprovider.New(o.mock)
 	if err != nil {
@@ -109,7 +117,7 @@ func newSystem(t testing.TB, o opts) *system {
 	}
 	doc := fmt.Sprintf(`
 server: {admin_token: %q, sync_timeout: 20s}
-redis: {addr: %q, db: %d}
+%s
 postgres: {dsn: %q, max_conns: 8}
 worker: {concurrency: 16, metrics_listen: "off"}
 log: {format: json, level: debug}
@@ -124,7 +132,7 @@ tenants:
   - {name: other, token: "other-token", max_priority: critical}
 %s
 %s
-%s`, adminToken, s.redis.Addr, s.redis.DB, dsn, s.mockTS.URL, s.mockTS.URL,
+%s`, adminToken, redisYML, dsn, s.mockTS.URL, s.mockTS.URL,
 		strings.ReplaceAll(o.providersYML, "{mock}", s.mockTS.URL), cmp.Or(o.fallbackYML, defaultFallback),
 		devToken, tenantLine(o.tenantYML), keys, o.extraYML)
 	s.doc = doc
