@@ -402,6 +402,17 @@ func (s *Sentinel) Master(ctx context.Context) (string, error) {
 	return a[0] + ":" + a[1], nil
 }
 
+// Replica returns the address of the replica the sentinels know.
+func (s *Sentinel) Replica(ctx context.Context) (string, error) {
+	sc := redis.NewSentinelClient(&redis.Options{Addr: s.Sentinels[0]})
+	defer sc.Close()
+	reps, err := sc.Replicas(ctx, s.MasterName).Result()
+	if err != nil || len(reps) != 1 {
+		return "", fmt.Errorf("testenv: replicas of %s: %v %v", s.MasterName, reps, err)
+	}
+	return reps[0]["ip"] + ":" + reps[0]["port"], nil
+}
+
 // Failover has a sentinel fail the master over to the replica (SENTINEL
 // FAILOVER, no agreement needed) and returns once the sentinels have
 // settled on the new master with the old one as its replica.
