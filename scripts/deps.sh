@@ -19,6 +19,9 @@ log() { printf 'deps: %s\n' "$*" >&2; }
 need_pkgs() {
   local missing=()
   command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+  # redis-cli (--cluster create) for the cluster tests; Sentinel is
+  # redis-server --sentinel, the same binary.
+  command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
   [ -x /usr/lib/postgresql/$PG_MAJOR/bin/postgres ] || missing+=(postgresql-$PG_MAJOR)
   [ -f "$($PG_CONFIG --includedir-server 2>/dev/null)/postgres.h" ] || missing+=(postgresql-server-dev-$PG_MAJOR)
   command -v make >/dev/null 2>&1 && command -v gcc >/dev/null 2>&1 || missing+=(build-essential)

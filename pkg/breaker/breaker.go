@@ -28,7 +28,7 @@ const (
 	HalfOpenProbesDefault   = 1
 	SuccessThresholdDefault = 2
 	ProbeTimeoutDefault     = 2 * time.Minute
-	PrefixDefault           = "bulwark:breaker:"
+	PrefixDefault           = "bulwark:{breaker}:"
 	RedisTimeoutDefault     = 2 * time.Second
 )
 
@@ -56,7 +56,7 @@ type Config struct {
 	// provider call, or slow probes will never count. Default 2 min.
 	ProbeTimeout time.Duration
 	// Prefix starts every Redis key, so tests and tenants can share a
-	// server. Default "bulwark:breaker:".
+	// server. Default "bulwark:{breaker}:".
 	Prefix string
 	// RedisTimeout bounds each Redis round trip. Default 2 s.
 	RedisTimeout time.Duration

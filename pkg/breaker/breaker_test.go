@@ -140,7 +140,7 @@ func TestConfig(t *testing.T) {
 	got := Config{}.WithDefaults()
 	want := Config{
 		FailureThreshold: 3, OpenTimeout: time.Minute, HalfOpenProbes: 1, SuccessThreshold: 2,
-		ProbeTimeout: 2 * time.Minute, Prefix: "bulwark:breaker:", RedisTimeout: 2 * time.Second,
+		ProbeTimeout: 2 * time.Minute, Prefix: "bulwark:{breaker}:", RedisTimeout: 2 * time.Second,
 	}
 	if diff := cmp.Diff(want, got, cmp.Comparer(func(a, b func(string, State, State, string)) bool { return true })); diff != "" {
 		t.Errorf("defaults (-want +got):\n%s", diff)

@@ -63,17 +63,18 @@
 //
 // # Redis keys
 //
-// With the default prefix "bulwark:breaker:" (Config.Prefix):
+// With the default prefix "bulwark:{breaker}:" (Config.Prefix):
 //
-//	bulwark:breaker:state:<name>   hash  state, gen, failures, successes,
-//	                                     opened_at, retry_at, since, reason,
-//	                                     changed_at (times in Unix ms)
-//	bulwark:breaker:probes:<name>  zset  probe lease token → expiry (Unix ms);
-//	                                     expires by itself after ProbeTimeout
-//	bulwark:breaker:names          set   every breaker name that ever had state
+//	bulwark:{breaker}:state:<name>   hash  state, gen, failures, successes,
+//	                                       opened_at, retry_at, since, reason,
+//	                                       changed_at (times in Unix ms)
+//	bulwark:{breaker}:probes:<name>  zset  probe lease token → expiry (Unix ms);
+//	                                       expires by itself after ProbeTimeout
+//	bulwark:{breaker}:names          set   every breaker name that ever had state
 //
-// The scripts touch several keys of one breaker at once; the package assumes
-// a single Redis server (or one with all these keys in one slot).
+// The scripts touch several keys of one breaker, and Status several
+// breakers, at once: in a Redis Cluster they must share one hash slot,
+// which the "{breaker}" hash tag of the prefix gives (pkg/config/keys.go).
 //
 // # Why not sony/gobreaker
 //

@@ -16,6 +16,7 @@ import (
 	"bulwark/pkg/metrics"
 	"bulwark/pkg/priority"
 	"bulwark/pkg/queue"
+	"bulwark/pkg/redisconn"
 	"bulwark/pkg/slots"
 )
 
@@ -24,6 +25,15 @@ import (
 // the component's own Validate (after its own WithDefaults), so a file
 // that loads is one every component accepts. Runtime collaborators
 // (callbacks, clients) are the service's to add.
+
+// RedisConnConfig locates Redis (pkg/redisconn): the clients of every
+// process, asynqmon's and the scheduler's included, come from it.
+func (c *Config) RedisConnConfig() redisconn.Config {
+	r := c.Redis
+	return redisconn.Config{Mode: r.Mode, Addr: r.Addr, DB: r.DB, Password: r.Password,
+		MasterName: r.Sentinel.MasterName, SentinelAddrs: r.Sentinel.Addrs, SentinelPassword: r.Sentinel.Password,
+		ClusterAddrs: r.Cluster.Addrs, MinReplicasAcked: r.MinReplicasAcked, ReplicaAckTimeout: r.ReplicaAckTimeout}
+}
 
 // SlotsConfig configures the global concurrency limit (pkg/slots).
 func (c *Config) SlotsConfig() slots.Config {

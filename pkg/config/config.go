@@ -26,6 +26,7 @@ import (
 
 	"bulwark/pkg/llm"
 	"bulwark/pkg/priority"
+	"bulwark/pkg/redisconn"
 	"bulwark/pkg/secret"
 )
 
@@ -120,14 +121,52 @@ type Server struct {
 	AdminQueuesWritable bool `yaml:"admin_queues_writable"`
 }
 
-// Redis locates the Redis server.
+// Redis locates Redis: one server, a Sentinel-watched master, or a
+// cluster (pkg/redisconn builds the clients; keys.go says which key lives
+// in which hash slot).
 type Redis struct {
-	// Addr is host:port. Default 127.0.0.1:16379.
-	Addr     string        `yaml:"addr"`
-	DB       int           `yaml:"db"`
+	// Mode is standalone (one server at Addr), sentinel (the master the
+	// sentinels name, followed across failovers) or cluster. Default
+	// standalone.
+	Mode redisconn.Mode `yaml:"mode"`
+	// Addr is host:port of the one server; standalone only. Default
+	// 127.0.0.1:16379 in standalone mode.
+	Addr string `yaml:"addr"`
+	// DB is the logical database; must be 0 in cluster mode.
+	DB int `yaml:"db"`
+	// Password of the Redis servers (not of the sentinels).
 	Password secret.String `yaml:"password"`
 	// Prefix namespaces Bulwark's own keys (not asynq's). Default "bulwark:".
 	Prefix string `yaml:"prefix"`
+	// Sentinel is used with mode sentinel.
+	Sentinel RedisSentinel `yaml:"sentinel"`
+	// Cluster is used with mode cluster.
+	Cluster RedisCluster `yaml:"cluster"`
+	// MinReplicasAcked, when above 0, makes the API answer 202 only once
+	// that many replicas hold the stored request (Redis WAIT), 503
+	// otherwise: a failover, even of a killed master, then loses no
+	// accepted request. Set it only when the master has replicas. Default
+	// 0 (acknowledged by the master alone).
+	MinReplicasAcked int `yaml:"min_replicas_acked"`
+	// ReplicaAckTimeout bounds that wait. Default 1s.
+	ReplicaAckTimeout time.Duration `yaml:"replica_ack_timeout"`
+}
+
+// RedisSentinel names the master and the sentinels that watch it.
+type RedisSentinel struct {
+	// MasterName is the name in the sentinels' "sentinel monitor" line.
+	MasterName string `yaml:"master_name"`
+	// Addrs are host:port of the sentinels (three or more for a quorum).
+	Addrs []string `yaml:"addrs"`
+	// Password is the sentinels' own requirepass, if any.
+	Password secret.String `yaml:"password"`
+}
+
+// RedisCluster lists cluster nodes to start from.
+type RedisCluster struct {
+	// Addrs are host:port of some of the cluster's nodes; the client
+	// learns the rest from them.
+	Addrs []string `yaml:"addrs"`
 }
 
 // Postgres locates PostgreSQL.

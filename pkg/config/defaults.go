@@ -11,6 +11,7 @@ import (
 	"bulwark/pkg/keypool"
 	"bulwark/pkg/priority"
 	"bulwark/pkg/queue"
+	"bulwark/pkg/redisconn"
 	"bulwark/pkg/slots"
 )
 
@@ -103,7 +104,9 @@ func (c *Config) setDefaults() {
 	orDefault(&s.WriteTimeout, WriteTimeoutDefault)
 	orDefault(&s.StreamMaxLifetime, StreamMaxLifetimeDefault)
 
-	orDefault(&c.Redis.Addr, RedisAddrDefault)
+	if c.Redis.Mode == "" || c.Redis.Mode == redisconn.ModeStandalone {
+		orDefault(&c.Redis.Addr, RedisAddrDefault) // the other modes name no one server
+	}
 	orDefault(&c.Redis.Prefix, RedisPrefixDefault)
 	orDefault(&c.Postgres.MaxConns, PGMaxConnsDefault)
 	orDefault(&c.Postgres.HistoryRetention, HistoryRetentionDefault)

@@ -34,6 +34,9 @@ func (c *Config) validate() error {
 	if c.Server.AdminListen != "" && c.Server.AdminListen == c.Server.Listen {
 		add("server.admin_listen", "must differ from server.listen (leave it empty to serve admin there)")
 	}
+	if err := c.RedisConnConfig().WithDefaults().Validate(); err != nil {
+		errs = append(errs, err) // its errors name their redis.* fields
+	}
 	if c.Postgres.DSN.IsZero() {
 		add("postgres.dsn", "is required")
 	}

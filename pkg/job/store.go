@@ -39,8 +39,10 @@ type Store struct {
 // MaxEvents bounds one request's stream; a request has a handful of events.
 const MaxEvents = 200
 
-// NewStore returns a store using keys under prefix ("bulwark:") that keeps
-// finished records for ttl.
+// NewStore returns a store using keys under prefix ("bulwark:{job}:") that
+// keeps finished records for ttl. Its scripts touch several of these keys
+// at once: in a Redis Cluster the prefix must carry a hash tag
+// (pkg/config/keys.go).
 func NewStore(rdb Redis, prefix string, ttl time.Duration) *Store {
 	return &Store{rdb: rdb, prefix: prefix, ttl: ttl}
 }
@@ -59,7 +61,8 @@ func (s *Store) Channel() string { return s.prefix + "events" }
 // createScript stores a new job with its first event, unless its tenant
 // already has its limit of requests not ended.
 //
-// KEYS[1] job hash, KEYS[2] event stream, KEYS[3] idempotency key ("" none),
+// KEYS[1] job hash, KEYS[2] event stream, KEYS[3] idempotency key (KEYS[1]
+// again for none: a key in the same hash slot, as Redis Cluster requires),
 // KEYS[4] live set, KEYS[5] the tenant's live set
 // ARGV[1] job JSON, ARGV[2] status, ARGV[3] event JSON, ARGV[4] channel,
 // ARGV[5] id, ARGV[6] ttl of the idempotency key and an abandoned record (s),
@@ -68,7 +71,7 @@ func (s *Store) Channel() string { return s.prefix + "events" }
 // Reply: {1, streamID} created; {0, existingID} idempotency key already
 // used; {2, count} the tenant is at its limit.
 var createScript = redis.NewScript(`
-if KEYS[3] ~= "" then
+if KEYS[3] ~= KEYS[1] then
   local prev = redis.call("GET", KEYS[3])
   if prev then return {0, prev} end
 end
@@ -82,7 +85,7 @@ if limit > 0 then
   end
   if n >= limit then return {2, tostring(n)} end
 end
-if KEYS[3] ~= "" then redis.call("SET", KEYS[3], ARGV[5], "EX", ARGV[6]) end
+if KEYS[3] ~= KEYS[1] then redis.call("SET", KEYS[3], ARGV[5], "EX", ARGV[6]) end
 redis.call("HSET", KEYS[1], "job", ARGV[1], "status", ARGV[2], "state", "{}")
 redis.call("ZADD", KEYS[4], ARGV[8], ARGV[5])
 if limit > 0 then
@@ -109,7 +112,7 @@ var ErrTenantFull = errors.New("job: the tenant has its limit of requests in fli
 // returns ErrTenantFull (the idempotency key is looked up first: a retry of
 // an accepted request gets its id back even then).
 func (s *Store) Create(ctx context.Context, j *Job, ev Event, idemKey string, maxLive int) (id string, created bool, err error) {
-	ik := ""
+	ik := s.jobKey(j.ID) // none; not "", whose slot differs (createScript)
 	if idemKey != "" {
 		ik = s.idemKey(j.Tenant, idemKey)
 	}

@@ -151,7 +151,9 @@
 //
 // # Redis layout
 //
-// With prefix P (default "bulwark:keypool:"):
+// With prefix P (default "bulwark:{keypool}:"; in a Redis Cluster the
+// "{keypool}" hash tag keeps every key below in one slot, as acquire and
+// the snapshot read several keys in one script):
 //
 //	P key:<id>     hash, one per provider key:
 //	                 provider, tier, rpm, tpm, mif, win (µs), pace

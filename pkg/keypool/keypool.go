@@ -18,7 +18,7 @@ import (
 // Defaults for the zero fields of Config.
 const (
 	// PrefixDefault is the Redis key prefix of the production pool.
-	PrefixDefault = "bulwark:keypool:"
+	PrefixDefault = "bulwark:{keypool}:"
 	// LeaseTTLDefault bounds how long a killed worker's in-flight slot stays
 	// taken. It must exceed the longest provider call.
 	LeaseTTLDefault = 3 * time.Minute

@@ -6,13 +6,13 @@ import (
 	"os"
 
 	"github.com/go-redis/redis_rate/v10"
-	"github.com/hibiken/asynq"
 	"github.com/hibiken/asynqmon"
 
 	"bulwark/pkg/httpapi"
 	"bulwark/pkg/intake"
 	"bulwark/pkg/metrics"
 	"bulwark/pkg/progress"
+	"bulwark/pkg/redisconn"
 )
 
 // API builds the API's handlers and its event hub; run the hub with
@@ -29,13 +29,13 @@ func (b *Base) API() (api, admin http.Handler, hub *progress.Hub) {
 	ic := cfg.IntakeConfig()
 	ic.CacheEnabled, ic.AfterStore = b.Cache != nil, b.afterStore()
 	in := intake.New(ic, intake.Deps{
-		Jobs: b.Jobs, Finisher: b.Finisher, Queue: b.Queue, Breakers: b.Breakers, History: b.History, Cache: cacheDep,
+		Jobs: b.intakeJobs(), Finisher: b.Finisher, Queue: b.Queue, Breakers: b.Breakers, History: b.History, Cache: cacheDep,
 		Coalescer: b.Claims, Promoter: promoter{b}, Metrics: b.Metrics, Logger: b.Logger,
 		RateLimiter: tenantLimiter{l: redis_rate.NewLimiter(b.Redis), keys: cfg.Redis.Keyspace()},
 	})
 	hub = progress.New(b.Redis, b.Queue, progress.Config{Channel: b.Jobs.Channel()}, b.Logger)
 	mon := asynqmon.New(asynqmon.Options{RootPath: "/admin/queues", ReadOnly: !cfg.Server.AdminQueuesWritable,
-		RedisConnOpt: asynq.RedisClientOpt{Addr: cfg.Redis.Addr, DB: cfg.Redis.DB, Password: cfg.Redis.Password.Reveal()}})
+		RedisConnOpt: redisconn.AsynqOpt(cfg.RedisConnConfig())})
 	httpCfg := cfg.HTTPConfig()
 	httpCfg.Tenants = cfg.TenantsByToken()
 	api, admin = httpapi.New(httpCfg, httpapi.Deps{

@@ -72,6 +72,9 @@ type opts struct {
 	// quiet logs warnings and errors only (benchmarks: the debug log of
 	// every request would be measured too).
 	quiet bool
+	// redisYML, when set, replaces the redis section: a Redis of the
+	// test's own (a cluster, a sentinel setup); s.redis is then nil.
+	redisYML string
 }
 
 const defaultFallback = `fallback:
@@ -94,7 +97,12 @@ keys:
 // of their own (tenantYML).
 func newSystem(t testing.TB, o opts) *system {
 	t.Helper()
-	s := &system{t: t, redis: testenv.RedisOptions(t), pgDSN: testenv.Postgres(t), logs: &syncBuffer{}, quiet: o.quiet}
+	s := &system{t: t, pgDSN: testenv.Postgres(t), logs: &syncBuffer{}, quiet: o.quiet}
+	redisYML := o.redisYML
+	if redisYML == "" {
+		s.redis = testenv.RedisOptions(t)
+		redisYML = fmt.Sprintf("redis: {addr: %q, db: %d}", s.redis.Addr, s.redis.DB)
+	}
 	var err error
 	s.mock, err = mockprovider.New(o.mock)
 	if err != nil {
@@ -113,7 +121,7 @@ func newSystem(t testing.TB, o opts) *system {
 	}
 	doc := fmt.Sprintf(`
 server: {admin_token: %q, sync_timeout: 20s}
-redis: {addr: %q, db: %d}
+%s
 postgres: {dsn: %q, max_conns: 8}
 worker: {concurrency: 16, metrics_listen: "off"}
 log: {format: json, level: debug}
@@ -128,7 +136,7 @@ tenants:
   - {name: other, token: "other-token", max_priority: critical}
 %s
 %s
-%s`, adminToken, s.redis.Addr, s.redis.DB, dsn, s.mockTS.URL, s.mockTS.URL,
+%s`, adminToken, redisYML, dsn, s.mockTS.URL, s.mockTS.URL,
 		strings.ReplaceAll(o.providersYML, "{mock}", s.mockTS.URL), cmp.Or(o.fallbackYML, defaultFallback),
 		devToken, tenantLine(o.tenantYML), keys, o.extraYML)
 	s.doc = doc

@@ -119,7 +119,7 @@ func TestProviderErrorTextReachesNoTenant(t *testing.T) {
 				return err == nil && status == "failed"
 			})
 			tenant["history row"] = rowJSON
-			if err := api.base.Redis.Del(t.Context(), s.cfg.Redis.Prefix+"job:"+id).Err(); err != nil {
+			if err := api.base.Redis.Del(t.Context(), api.base.Jobs.RecordKey(id)).Err(); err != nil {
 				t.Fatal(err)
 			}
 			code, out, _ = call(t, "GET", api.ts.URL+"/v1/requests/"+id, devToken, nil)

@@ -39,14 +39,17 @@ import (
 	"bulwark/pkg/metrics"
 	"bulwark/pkg/pgdb"
 	"bulwark/pkg/queue"
+	"bulwark/pkg/redisconn"
 	"bulwark/pkg/slots"
 )
 
 // Base holds the components every process shares.
 type Base struct {
-	Cfg      *config.Config
-	Logger   *slog.Logger
-	Redis    *redis.Client
+	Cfg    *config.Config
+	Logger *slog.Logger
+	// Redis is a *redis.Client (standalone, sentinel) or a
+	// *redis.ClusterClient (cluster); see pkg/redisconn.
+	Redis    redis.UniversalClient
 	PG       *pgxpool.Pool
 	Jobs     *job.Store
 	Queue    *queue.Queue
@@ -100,14 +103,14 @@ func Open(ctx context.Context, cfg *config.Config, logger *slog.Logger) (b *Base
 			opened.Close()
 		}
 	}()
-	b.Redis = redis.NewClient(&redis.Options{Addr: cfg.Redis.Addr, DB: cfg.Redis.DB, Password: cfg.Redis.Password.Reveal(),
-		PoolSize: 64})
+	rc := cfg.RedisConnConfig()
+	b.Redis = redisconn.New(rc)
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := b.Redis.Ping(pctx).Err(); err != nil {
-		return nil, fmt.Errorf("service: redis at %s: %w", cfg.Redis.Addr, err)
+		return nil, fmt.Errorf("service: redis (%s): %w", rc.Where(), err)
 	}
-	checkRedis(pctx, b.Redis, logger)
+	redisconn.Check(pctx, b.Redis, logger)
 
 	cacheCfg := cfg.CacheConfig()
 	b.PG, err = pgdb.Open(ctx, pgdb.Config{DSN: cfg.Postgres.DSN.Reveal(), MaxConns: cfg.Postgres.MaxConns,
@@ -130,7 +133,7 @@ func Open(ctx context.Context, cfg *config.Config, logger *slog.Logger) (b *Base
 	}
 	b.Metrics.InitKeys(ids...)
 
-	b.Jobs = job.NewStore(b.Redis, ks.Root(), cfg.Server.ResultTTL)
+	b.Jobs = job.NewStore(b.Redis, ks.Jobs(), cfg.Server.ResultTTL)
 	b.Slots, err = slots.New(b.Redis, cfg.SlotsConfig())
 	if err != nil {
 		return nil, err
@@ -270,28 +273,4 @@ func (b *Base) HTTPServer(addr string, h http.Handler) *http.Server {
 	return &http.Server{Addr: addr, Handler: h, ReadHeaderTimeout: s.ReadHeaderTimeout, ReadTimeout: s.ReadTimeout,
 		IdleTimeout: s.IdleTimeout, MaxHeaderBytes: s.MaxHeaderBytes,
 		ErrorLog: slog.NewLogLogger(b.Logger.Handler(), slog.LevelWarn)}
-}
-
-// checkRedis warns about a Redis that can lose accepted requests: one that
-// evicts keys under memory pressure (queues, records, key state vanish) or
-// persists nothing (a restart empties it). A server that refuses CONFIG
-// (some managed services) is not checked.
-func checkRedis(ctx context.Context, rdb *redis.Client, logger *slog.Logger) {
-	get := func(name string) (string, bool) {
-		v, err := rdb.ConfigGet(ctx, name).Result()
-		if err != nil {
-			return "", false
-		}
-		s, ok := v[name]
-		return s, ok
-	}
-	if p, ok := get("maxmemory-policy"); ok && p != "noeviction" {
-		logger.Warn("redis: maxmemory-policy evicts keys; accepted requests and key state can vanish under memory pressure: set maxmemory-policy noeviction",
-			"maxmemory-policy", p)
-	}
-	aof, ok1 := get("appendonly")
-	save, ok2 := get("save")
-	if ok1 && ok2 && aof != "yes" && save == "" {
-		logger.Warn("redis: no persistence (appendonly no, save \"\"); a restart loses every queued request: set appendonly yes")
-	}
 }

@@ -175,7 +175,7 @@ func TestTenantIsolation(t *testing.T) {
 	sameAsUnknown(t, "GET of other's request by demo", code, body, unknownGetDemo, oid, unknown)
 
 	// Once the live record is gone, the history answers: to its owner only.
-	if err := api.base.Redis.Del(t.Context(), s.cfg.Redis.Prefix+"job:"+id).Err(); err != nil {
+	if err := api.base.Redis.Del(t.Context(), api.base.Jobs.RecordKey(id)).Err(); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "the history row to be final", func() bool {
@@ -474,7 +474,7 @@ func TestCompatBadInput(t *testing.T) {
 	if err := api.base.PG.QueryRow(t.Context(), "SELECT count(*) FROM requests").Scan(&n); err != nil || n != 0 {
 		t.Fatalf("history rows after bad input: %d %v", n, err)
 	}
-	if keys, err := api.base.Redis.Keys(t.Context(), s.cfg.Redis.Prefix+"job:*").Result(); err != nil || len(keys) != 0 {
+	if keys, err := api.base.Redis.Keys(t.Context(), api.base.Jobs.RecordKey("*")).Result(); err != nil || len(keys) != 0 {
 		t.Fatalf("live records after bad input: %v %v", keys, err)
 	}
 	if got := s.mock.Stats().Total().Requests; got != 0 {

@@ -20,6 +20,7 @@ import (
 	"bulwark/pkg/provider/bedrock"
 	"bulwark/pkg/provider/openai"
 	"bulwark/pkg/queue"
+	"bulwark/pkg/redisconn"
 	"bulwark/pkg/report"
 )
 
@@ -111,7 +112,7 @@ func (b *Base) Scheduler() (*asynq.Scheduler, error) {
 	}
 	// The scheduler gets a connection of its own: asynq closes it on
 	// Shutdown, which it refuses to do for a shared client.
-	s := asynq.NewScheduler(asynq.RedisClientOpt{Addr: b.Cfg.Redis.Addr, DB: b.Cfg.Redis.DB, Password: b.Cfg.Redis.Password.Reveal()}, &asynq.SchedulerOpts{Location: loc, Logger: asynqLogger{b.Logger},
+	s := asynq.NewScheduler(redisconn.AsynqOpt(b.Cfg.RedisConnConfig()), &asynq.SchedulerOpts{Location: loc, Logger: asynqLogger{b.Logger},
 		LogLevel: asynq.WarnLevel})
 	if err := maintenance.Schedule(s, b.Cfg.Alerts.Interval, b.Cfg.Report.At); err != nil {
 		return nil, err

@@ -17,7 +17,7 @@ const (
 	LeaseTTLDefault     = 30 * time.Second
 	WaiterTTLDefault    = time.Second
 	RedisTimeoutDefault = 2 * time.Second
-	PrefixDefault       = "bulwark:slots:"
+	PrefixDefault       = "bulwark:{slots}:"
 )
 
 // Poll interval of Acquire: starts at pollMin, doubles up to pollMax, each
@@ -51,7 +51,7 @@ type Config struct {
 	WaiterTTL time.Duration
 	// RedisTimeout bounds each Redis call. Default 2s (RedisTimeoutDefault).
 	RedisTimeout time.Duration
-	// Prefix of every Redis key. Default "bulwark:slots:" (PrefixDefault).
+	// Prefix of every Redis key. Default "bulwark:{slots}:" (PrefixDefault).
 	Prefix string
 }
 

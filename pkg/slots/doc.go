@@ -84,16 +84,17 @@
 //
 // # Redis keys
 //
-// With the default prefix "bulwark:slots:" (Config.Prefix; key builders in
-// keys.go):
+// With the default prefix "bulwark:{slots}:" (Config.Prefix; key builders
+// in keys.go):
 //
-//	bulwark:slots:leases           zset  lease id → expiry (Unix ms)
-//	bulwark:slots:owners           hash  lease id → priority (1–4)
-//	bulwark:slots:wait:<name>      zset  waiter id → Since (Unix ms), per
-//	                                     priority (wait:critical … wait:low)
-//	bulwark:slots:wait-exp:<name>  zset  waiter id → registration expiry
-//	                                     (Unix ms), per priority
+//	bulwark:{slots}:leases           zset  lease id → expiry (Unix ms)
+//	bulwark:{slots}:owners           hash  lease id → priority (1–4)
+//	bulwark:{slots}:wait:<name>      zset  waiter id → Since (Unix ms), per
+//	                                       priority (wait:critical … wait:low)
+//	bulwark:{slots}:wait-exp:<name>  zset  waiter id → registration expiry
+//	                                       (Unix ms), per priority
 //
 // The scripts touch all these keys at once: they must live on one Redis
-// server (or in one cluster slot, with a hash tag in the prefix).
+// server or, in a Redis Cluster, in one hash slot — the "{slots}" hash tag
+// of the prefix does that (pkg/config/keys.go).
 package slots

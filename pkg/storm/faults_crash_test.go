@@ -177,7 +177,7 @@ func (f *faultRun) crashAPI(ctx context.Context, rdb *redis.Client, n, i int) st
 	if !errors.As(p.exitErr, &exit) || exit.ExitCode() != failpointExitCode {
 		return fail("the failpoint api exited with %v, want status %d", p.exitErr, failpointExitCode)
 	}
-	key := "bulwark:idem:storm:" + f.idempotencyKey(i) // pkg/job: {prefix}idem:{tenant}:{key}
+	key := "bulwark:{job}:idem:storm:" + f.idempotencyKey(i) // pkg/job: <prefix>{job}:idem:<tenant>:<key>
 	c.storedID, err = rdb.Get(ctx, key).Result()
 	if err != nil {
 		return fail("the failpoint api exited, but its idempotency key %s is not in Redis: %v (nothing was stored?)", key, err)

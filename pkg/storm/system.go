@@ -95,6 +95,9 @@ type system struct {
 	// metricsURLs are the /metrics URLs of the workers started, by
 	// process name; guarded by mu.
 	metricsURLs map[string]string
+	// ha is the replica and sentinels of options.Sentinel (sentinel.go);
+	// set by startSystemWith, nil without.
+	ha *sentinelSet
 	// inMock is the mock served by this process (S3-mixed), nil when the
 	// mock is a process of procs; set by startSystemWith before anything
 	// else runs, then guarded by mu (close stops it and clears it).
@@ -129,6 +132,9 @@ type options struct {
 	// the api and worker processes start: they must start without it.
 	// Only with OwnPostgres.
 	PostgresDown bool
+	// Sentinel makes that Redis the master of a Sentinel setup with one
+	// replica and three sentinels, reached through them (sentinel.go).
+	Sentinel bool
 }
 
 // providerURLVar carries a worker's own provider base URL into the shared
@@ -210,6 +216,11 @@ func startSystemWith(ctx context.Context, env Env, sc Scenario, client *http.Cli
 	s.redis = rp
 	s.mu.Unlock()
 
+	if o.Sentinel {
+		if err := s.startSentinel(rctx); err != nil {
+			return s, err
+		}
+	}
 	if o.OwnPostgres {
 		if err := s.ownPostgres(rctx); err != nil {
 			return s, err
@@ -249,7 +260,10 @@ func startSystemWith(ctx context.Context, env Env, sc Scenario, client *http.Cli
 	if o.ProviderURL != nil {
 		providerURL = "${" + providerURLVar + ":-" + s.mockURL + "}"
 	}
-	doc := configYAML(sc, ports[2], redisAddr, s.databaseDSN(), providerURL)
+	doc, err := s.sentinelConfig(configYAML(sc, ports[2], redisAddr, s.databaseDSN(), providerURL))
+	if err != nil {
+		return s, err
+	}
 	if err := os.WriteFile(cfgPath, []byte(doc), 0o600); err != nil {
 		return s, fmt.Errorf("storm: write config: %w", err)
 	}

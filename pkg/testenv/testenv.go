@@ -3,6 +3,10 @@
 // database nobody else uses while the test runs, and a fresh PostgreSQL
 // database created from a migrated template. Nothing here is a mock.
 //
+// For the tests of Redis Sentinel and Redis Cluster it starts servers of
+// the test's own (redisha.go): RedisCluster, three masters; RedisSentinel,
+// a master, a replica and three sentinels that can fail it over.
+//
 // Environment: BULWARK_TEST_REDIS (host:port, default 127.0.0.1:16380) and
 // BULWARK_TEST_PG (a DSN of the maintenance database, default
 // postgres://postgres@127.0.0.1:15433/postgres?sslmode=disable).

@@ -1,0 +1,294 @@
+package service_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"bulwark/pkg/alert"
+	"bulwark/pkg/breaker"
+	"bulwark/pkg/keypool"
+	"bulwark/pkg/llm"
+	"bulwark/pkg/mockprovider"
+	"bulwark/pkg/priority"
+	"bulwark/pkg/slots"
+	"bulwark/pkg/testenv"
+)
+
+// TestRedisCluster runs Bulwark on a three-master Redis Cluster (redis.mode
+// cluster): two API processes and two workers complete requests of every
+// priority, identical ones coalesced, retried ones found by their
+// idempotency key and a capped tenant's counted in its live set, with a
+// stream following one of them; then every component's scripts run once
+// more directly (breaker, key pool, slots, queue, claims, alert throttle,
+// sweep lock). At the end no master has answered CROSSSLOT: every script
+// and transaction kept its keys in one hash slot (pkg/config/keys.go).
+func TestRedisCluster(t *testing.T) {
+	t.Parallel()
+	c := testenv.RedisCluster(t)
+	addrs := make([]string, len(c.Addrs))
+	for i, a := range c.Addrs {
+		addrs[i] = fmt.Sprintf("%q", a)
+	}
+	s := newSystem(t, opts{
+		mock:      mockprovider.Config{Latency: 50 * time.Millisecond},
+		redisYML:  fmt.Sprintf("redis: {mode: cluster, cluster: {addrs: [%s]}}", strings.Join(addrs, ", ")),
+		tenantYML: `{name: capped, token: "capped-token", max_priority: critical, max_queued: 20}`,
+	})
+	if s.cfg.Redis.Mode != "cluster" {
+		t.Fatalf("redis mode %q", s.cfg.Redis.Mode)
+	}
+	apis := []*apiProc{s.startAPI(), s.startAPI()}
+	s.startWorker()
+	s.startWorker()
+	ctx, cancel := context.WithTimeout(t.Context(), 90*time.Second)
+	defer cancel()
+
+	t.Run("requests", func(t *testing.T) { clusterRequests(t, apis) })
+	t.Run("components", func(t *testing.T) { clusterComponents(ctx, t, s, apis[0]) })
+
+	stats, err := c.ErrorStats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	failed, err := c.FailedCommands(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	maps.DeleteFunc(failed, func(_ string, n int) bool { return n == 0 })
+	t.Logf("error replies of the cluster's masters: %v; failed commands: %v", stats, failed)
+	if n := stats["CROSSSLOT"]; n > 0 {
+		t.Errorf("%d CROSSSLOT replies: a script, transaction or multi-key command spans hash slots", n)
+	}
+	// A script that reaches a key outside its declared slot fails with
+	// ERR at run time: no EVAL may fail, and no EVALSHA but the first of
+	// each script on each master (NOSCRIPT, then EVAL).
+	if failed["eval"] > 0 || failed["evalsha"] != stats["NOSCRIPT"] {
+		t.Errorf("scripts failed: eval %d, evalsha %d (NOSCRIPT %d)", failed["eval"], failed["evalsha"], stats["NOSCRIPT"])
+	}
+	if t.Failed() {
+		t.Log("logs:\n" + s.logs.String())
+	}
+}
+
+// clusterRequests submits the request kinds whose scripts differ and waits
+// for each to complete.
+func clusterRequests(t *testing.T, apis []*apiProc) {
+	type sub struct {
+		body   map[string]any
+		token  string
+		hdr    []string
+		prompt string
+	}
+	var subs []sub
+	prios := []string{"critical", "high", "normal", "low"}
+	for i := range 24 {
+		p := fmt.Sprintf("cluster distinct %d", i)
+		b := ask(p)
+		b["priority"] = prios[i%4]
+		subs = append(subs, sub{body: b, token: devToken, prompt: p})
+	}
+	const same = "cluster identical: 12 cars report U0100 after OTA 3.2.1"
+	for range 8 {
+		subs = append(subs, sub{body: ask(same), token: devToken, prompt: same})
+	}
+	for i := range 3 { // each twice: the retry must get the same request
+		p := fmt.Sprintf("cluster idempotent %d", i)
+		for range 2 {
+			subs = append(subs, sub{body: ask(p), token: devToken, hdr: []string{"Idempotency-Key", fmt.Sprintf("cluster-k%d", i)}, prompt: p})
+		}
+	}
+	for i := range 6 {
+		p := fmt.Sprintf("cluster capped tenant %d", i)
+		subs = append(subs, sub{body: ask(p), token: "capped-token", prompt: p})
+	}
+	ids := make([]string, len(subs))
+	var wg sync.WaitGroup
+	for i, sb := range subs {
+		wg.Go(func() {
+			code, out, _ := call(t, "POST", apis[i%2].ts.URL+"/v1/requests", sb.token, sb.body, sb.hdr...)
+			if code != http.StatusAccepted && code != http.StatusOK {
+				t.Errorf("submission %d: %d %v", i, code, out)
+				return
+			}
+			ids[i], _ = out["id"].(string)
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	ch, _ := stream(t, apis[1].ts.URL+"/v1/requests/"+ids[0]+"/events", devToken, "")
+	byKey := map[string]string{}
+	for i, sb := range subs {
+		if len(sb.hdr) > 0 {
+			if prev, ok := byKey[sb.hdr[1]]; ok && prev != ids[i] {
+				t.Errorf("Idempotency-Key %s: requests %s and %s", sb.hdr[1], prev, ids[i])
+			}
+			byKey[sb.hdr[1]] = ids[i]
+		}
+		out := waitStatusAs(t, apis[i%2], sb.token, ids[i], 30*time.Second)
+		res, _ := out["result"].(map[string]any)
+		if out["status"] != "completed" || res["content"] != mockprovider.Reply(sb.prompt) {
+			t.Errorf("submission %d (%s): %v", i, ids[i], out)
+		}
+	}
+	next(t, ch, 10*time.Second, "completed")
+}
+
+// waitStatusAs polls GET as token until the request has ended.
+func waitStatusAs(t *testing.T, p *apiProc, token, id string, timeout time.Duration) map[string]any {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		_, out, _ := call(t, "GET", p.ts.URL+"/v1/requests/"+id, token, nil)
+		if st := out["status"]; st == "completed" || st == "failed" || st == "cancelled" || time.Now().After(deadline) {
+			return out
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// clusterComponents runs the scripts the request path did not (a 429's
+// cooldown, a tripped breaker, slot waiters, a cancelled delayed task, …)
+// on the cluster.
+func clusterComponents(ctx context.Context, t *testing.T, s *system, api *apiProc) {
+	b := api.base
+
+	// Breakers: trip, read (one and all), reset, allow a call and report it.
+	const name = "cluster/test"
+	if err := b.Breakers.Trip(ctx, name, "cluster test"); err != nil {
+		t.Fatalf("breaker trip: %v", err)
+	}
+	if st, err := b.Breakers.Status(ctx, name); err != nil || st.State != breaker.StateOpen {
+		t.Fatalf("breaker status: %+v %v", st, err)
+	}
+	if all, err := b.Breakers.List(ctx); err != nil || !slices.ContainsFunc(all, func(st breaker.Status) bool { return st.Name == name }) {
+		t.Fatalf("breaker list: %v %v", all, err)
+	}
+	if err := b.Breakers.Reset(ctx, name); err != nil {
+		t.Fatalf("breaker reset: %v", err)
+	}
+	permit, err := b.Breakers.Allow(ctx, name)
+	if err != nil {
+		t.Fatalf("breaker allow: %v", err)
+	}
+	if err := permit.Done(ctx, breaker.Success); err != nil {
+		t.Fatalf("breaker done: %v", err)
+	}
+
+	// Key pool: a 429 cools one key, the next lease goes to the other.
+	route := llm.Route{Provider: "claude", Tier: "sonnet"}
+	l1, err := b.Pool.Acquire(ctx, route, 100)
+	if err != nil {
+		t.Fatalf("keypool acquire: %v", err)
+	}
+	rl := &llm.Error{Class: llm.ClassRateLimited, RetryAfter: 30 * time.Second}
+	if err := b.Pool.Failure(ctx, l1, keypool.Cool, rl); err != nil {
+		t.Fatalf("keypool failure: %v", err)
+	}
+	l2, err := b.Pool.Acquire(ctx, route, 100)
+	if err != nil {
+		t.Fatalf("keypool acquire after a cooldown: %v", err)
+	}
+	if l2.KeyID == l1.KeyID {
+		t.Fatalf("the cooling key %s was leased again", l1.KeyID)
+	}
+	if err := b.Pool.Success(ctx, l2, llm.Usage{InputTokens: 10, OutputTokens: 10}, llm.RateLimit{}); err != nil {
+		t.Fatalf("keypool success: %v", err)
+	}
+	snap, err := b.Pool.Snapshot(ctx)
+	if err != nil || !slices.ContainsFunc(snap, func(k keypool.KeyState) bool { return k.ID == l1.KeyID && !k.CoolingUntil.IsZero() }) {
+		t.Fatalf("keypool snapshot: %+v %v", snap, err)
+	}
+	if err := b.Pool.Disable(ctx, l1.KeyID, "cluster test"); err != nil {
+		t.Fatalf("keypool disable: %v", err)
+	}
+	if err := b.Pool.Enable(ctx, l1.KeyID); err != nil {
+		t.Fatalf("keypool enable: %v", err)
+	}
+
+	// Slots: hold every one LOW may take, so the next LOW waits in line;
+	// promote it, read the line, leave it, release.
+	var held []*slots.Slot
+	for i := 0; ; i++ {
+		sl, err := b.Slots.TryAcquire(ctx, priority.Low, slots.Waiter{ID: fmt.Sprintf("cluster-hold-%d", i), Since: time.Now()})
+		if errors.Is(err, slots.ErrNoSlot) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("slots try-acquire: %v", err)
+		}
+		held = append(held, sl)
+	}
+	w := slots.Waiter{ID: "cluster-waiter", Since: time.Now()}
+	if sl, err := b.Slots.TryAcquire(ctx, priority.Low, w); !errors.Is(err, slots.ErrNoSlot) {
+		t.Fatalf("slots: a LOW beyond its share: %v %v", sl, err)
+	}
+	if err := b.Slots.Promote(ctx, w.ID, priority.High, time.Minute); err != nil {
+		t.Fatalf("slots promote: %v", err)
+	}
+	waiting, err := b.Slots.Waiting(ctx)
+	if err != nil || !slices.Contains(waiting[priority.Low], w.ID) {
+		t.Fatalf("slots waiting: %v %v", waiting, err)
+	}
+	if _, err := b.Slots.Occupancy(ctx); err != nil {
+		t.Fatalf("slots occupancy: %v", err)
+	}
+	if err := b.Slots.Leave(ctx, priority.Low, w.ID); err != nil {
+		t.Fatalf("slots leave: %v", err)
+	}
+	for _, sl := range held {
+		if err := sl.Renew(ctx); err != nil {
+			t.Fatalf("slots renew: %v", err)
+		}
+		if err := sl.Release(ctx); err != nil {
+			t.Fatalf("slots release: %v", err)
+		}
+	}
+	if inUse, err := b.Slots.InUse(ctx); err != nil || inUse[priority.Low] != 0 {
+		t.Fatalf("slots in use after release: %v %v", inUse, err)
+	}
+
+	// Queue: a delayed task is counted, found and cancelled; the drain
+	// rate reads the start log.
+	if err := b.Queue.Enqueue(ctx, "cluster-delayed", priority.Normal, time.Hour); err != nil {
+		t.Fatalf("queue enqueue: %v", err)
+	}
+	if d, err := b.Queue.Depth(ctx); err != nil || d[priority.Normal] < 1 {
+		t.Fatalf("queue depth: %v %v", d, err)
+	}
+	if ok, err := b.Queue.Cancel(ctx, "cluster-delayed", priority.Normal); err != nil || !ok {
+		t.Fatalf("queue cancel: %v %v", ok, err)
+	}
+	if _, err := b.Queue.Rate(ctx); err != nil {
+		t.Fatalf("queue rate: %v", err)
+	}
+	if _, err := b.Queue.Spots(ctx); err != nil {
+		t.Fatalf("queue spots: %v", err)
+	}
+
+	// Coalescing claims, the alert throttle and the sweep lock.
+	if lead, err := b.Claims.Claim(ctx, "cluster-ref", "r1", time.Minute); err != nil || lead != "r1" {
+		t.Fatalf("claim: %q %v", lead, err)
+	}
+	if lead, err := b.Claims.Claim(ctx, "cluster-ref", "r2", time.Minute); err != nil || lead != "r1" {
+		t.Fatalf("second claim: %q %v", lead, err)
+	}
+	if err := b.Claims.Release(ctx, "cluster-ref", "r1"); err != nil {
+		t.Fatalf("claim release: %v", err)
+	}
+	if err := b.Notifier.Notify(ctx, alert.Event{Kind: alert.KindBreakerOpen, Subject: name, Summary: "cluster test"}); err != nil {
+		t.Fatalf("alert: %v", err)
+	}
+	if err := s.workers[0].Sweeper().Sweep(ctx); err != nil {
+		t.Fatalf("sweep: %v", err)
+	}
+}

@@ -1,0 +1,521 @@
+package testenv
+
+// Redis Cluster and Redis Sentinel for tests: real redis-server processes
+// (scripts/deps.sh installs redis-server and redis-cli; Sentinel is the
+// same binary with --sentinel) on free loopback ports, their files in the
+// test's temporary folder, stopped at cleanup. No persistence: each lives
+// for one test.
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// haStartTimeout bounds the start of a cluster or a sentinel setup.
+const haStartTimeout = 60 * time.Second
+
+// server is one redis-server process.
+type server struct {
+	name string
+	addr string
+	args []string
+	log  string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{} // closed when cmd has exited
+}
+
+// start runs the server in dir; it does not wait for it to answer.
+func (s *server) start(dir string) error {
+	f, err := os.OpenFile(s.log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command("redis-server", s.args...)
+	cmd.Dir, cmd.Stdout, cmd.Stderr, cmd.SysProcAttr = dir, f, f, sysProcAttr()
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return fmt.Errorf("testenv: start %s (redis-server on PATH? scripts/deps.sh installs it): %w", s.name, err)
+	}
+	done := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		f.Close()
+		close(done)
+	}()
+	s.mu.Lock()
+	s.cmd, s.done = cmd, done
+	s.mu.Unlock()
+	return nil
+}
+
+// kill sends sig and waits for the process to exit.
+func (s *server) kill(sig os.Signal) {
+	s.mu.Lock()
+	cmd, done := s.cmd, s.done
+	s.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(sig)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+	}
+}
+
+// freePorts asks the OS for n distinct free loopback ports.
+func freePorts(n int) ([]int, error) {
+	var ports []int
+	var lns []net.Listener
+	defer func() {
+		for _, l := range lns {
+			l.Close()
+		}
+	}()
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, fmt.Errorf("testenv: free port: %w", err)
+		}
+		lns = append(lns, l)
+		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	}
+	return ports, nil
+}
+
+// poll calls ok every 50 ms until it reports true or ctx ends: for the
+// states Redis announces to nobody (a cluster formed, a replica synced).
+func poll(ctx context.Context, what string, ok func(ctx context.Context) (bool, error)) error {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	var last error
+	for {
+		done, err := ok(ctx)
+		if done {
+			return nil
+		}
+		if err != nil {
+			last = err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("testenv: %s: %w (last error: %v)", what, ctx.Err(), last)
+		case <-t.C:
+		}
+	}
+}
+
+// infoField reads one field of an INFO section.
+func infoField(ctx context.Context, c *redis.Client, section, field string) (string, error) {
+	s, err := c.Info(ctx, section).Result()
+	if err != nil {
+		return "", err
+	}
+	for _, l := range strings.Split(s, "\r\n") {
+		if v, ok := strings.CutPrefix(l, field+":"); ok {
+			return v, nil
+		}
+	}
+	return "", nil
+}
+
+// logTails returns the last lines of each server's log, for a failure.
+func logTails(servers []*server) string {
+	var b strings.Builder
+	for _, s := range servers {
+		raw, _ := os.ReadFile(s.log)
+		lines := strings.Split(strings.TrimRight(string(raw), "\n"), "\n")
+		fmt.Fprintf(&b, "----- %s (%s) -----\n%s\n", s.name, s.addr, strings.Join(lines[max(0, len(lines)-15):], "\n"))
+	}
+	return b.String()
+}
+
+// Cluster is a Redis Cluster of three masters (no replicas) on loopback.
+type Cluster struct {
+	// Addrs are the masters' host:port.
+	Addrs   []string
+	servers []*server
+}
+
+// RedisCluster starts a three-master Redis Cluster for t, every hash slot
+// assigned and cluster_state:ok on every node, stopped at cleanup.
+func RedisCluster(t testing.TB) *Cluster {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), haStartTimeout)
+	defer cancel()
+	dir := t.TempDir()
+	ports, err := freePorts(6) // three client ports, three cluster-bus ports
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Cluster{}
+	t.Cleanup(func() { stopAll(c.servers) })
+	for i := range 3 {
+		p, bus := strconv.Itoa(ports[i]), strconv.Itoa(ports[3+i])
+		s := &server{name: "cluster-" + p, addr: "127.0.0.1:" + p, log: filepath.Join(dir, "cluster-"+p+".log"),
+			args: []string{"--port", p, "--bind", "127.0.0.1", "--cluster-enabled", "yes", "--cluster-port", bus,
+				"--cluster-config-file", "nodes-" + p + ".conf", "--cluster-node-timeout", "5000",
+				"--save", "", "--appendonly", "no", "--dir", dir}}
+		if err := s.start(dir); err != nil {
+			t.Fatal(err)
+		}
+		c.servers = append(c.servers, s)
+		c.Addrs = append(c.Addrs, s.addr)
+	}
+	for _, s := range c.servers {
+		if err := waitPing(ctx, s.addr); err != nil {
+			t.Fatalf("%v\n%s", err, logTails(c.servers))
+		}
+	}
+	args := append([]string{"--cluster", "create"}, c.Addrs...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.CommandContext(ctx, "redis-cli", args...).CombinedOutput(); err != nil {
+		t.Fatalf("testenv: redis-cli --cluster create: %v\n%s\n%s", err, out, logTails(c.servers))
+	}
+	for _, s := range c.servers {
+		cl := redis.NewClient(&redis.Options{Addr: s.addr})
+		err := poll(ctx, "cluster_state:ok on "+s.addr, func(ctx context.Context) (bool, error) {
+			info, err := cl.ClusterInfo(ctx).Result()
+			return err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, "cluster_known_nodes:3"), err
+		})
+		cl.Close()
+		if err != nil {
+			t.Fatalf("%v\n%s", err, logTails(c.servers))
+		}
+	}
+	return c
+}
+
+// Client returns a cluster client, closed at cleanup.
+func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
+	t.Helper()
+	cl := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs})
+	t.Cleanup(func() { cl.Close() })
+	return cl
+}
+
+// ErrorStats sums every master's INFO errorstats: error prefix (CROSSSLOT,
+// NOSCRIPT, ERR, …) → count of replies with it since the start.
+func (c *Cluster) ErrorStats(ctx context.Context) (map[string]int, error) {
+	out := map[string]int{}
+	for _, a := range c.Addrs {
+		cl := redis.NewClient(&redis.Options{Addr: a})
+		s, err := cl.Info(ctx, "errorstats").Result()
+		cl.Close()
+		if err != nil {
+			return nil, fmt.Errorf("testenv: errorstats of %s: %w", a, err)
+		}
+		for _, l := range strings.Split(s, "\r\n") {
+			// errorstat_CROSSSLOT:count=3
+			name, rest, ok := strings.Cut(strings.TrimPrefix(l, "errorstat_"), ":count=")
+			if !ok || !strings.HasPrefix(l, "errorstat_") {
+				continue
+			}
+			n, _ := strconv.Atoi(rest)
+			out[name] += n
+		}
+	}
+	return out, nil
+}
+
+// FailedCommands sums every master's INFO commandstats: command → calls
+// that failed or were rejected, for a failure's log.
+func (c *Cluster) FailedCommands(ctx context.Context) (map[string]int, error) {
+	out := map[string]int{}
+	for _, a := range c.Addrs {
+		cl := redis.NewClient(&redis.Options{Addr: a})
+		s, err := cl.Info(ctx, "commandstats").Result()
+		cl.Close()
+		if err != nil {
+			return nil, fmt.Errorf("testenv: commandstats of %s: %w", a, err)
+		}
+		for _, l := range strings.Split(s, "\r\n") {
+			// cmdstat_get:calls=1,usec=2,usec_per_call=2.00,rejected_calls=0,failed_calls=0
+			name, rest, ok := strings.Cut(strings.TrimPrefix(l, "cmdstat_"), ":")
+			if !ok || !strings.HasPrefix(l, "cmdstat_") {
+				continue
+			}
+			for _, f := range strings.Split(rest, ",") {
+				k, v, _ := strings.Cut(f, "=")
+				if k == "rejected_calls" || k == "failed_calls" {
+					n, _ := strconv.Atoi(v)
+					out[name] += n
+				}
+			}
+		}
+	}
+	return out, nil
+}
+
+// Sentinel is a Redis master, one replica and three sentinels watching
+// them (quorum 2), on loopback.
+type Sentinel struct {
+	// MasterName is the name the sentinels monitor the master under.
+	MasterName string
+	// Sentinels are the sentinels' host:port.
+	Sentinels []string
+
+	mu      sync.Mutex
+	servers map[string]*server // data servers by address; guarded by mu
+	all     []*server          // every process, for logs and cleanup; guarded by mu
+	dir     string
+}
+
+// SentinelMasterName is the name RedisSentinel's sentinels monitor.
+const SentinelMasterName = "bulwark-test"
+
+// RedisSentinel starts a master, a replica of it in sync, and three
+// sentinels that each see the master, the replica and the two other
+// sentinels, with down-after-milliseconds 1000 (a dead master is failed
+// over within seconds); everything stops at cleanup.
+func RedisSentinel(t testing.TB) *Sentinel {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), haStartTimeout)
+	defer cancel()
+	dir := t.TempDir()
+	ports, err := freePorts(5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &Sentinel{MasterName: SentinelMasterName, servers: map[string]*server{}, dir: dir}
+	t.Cleanup(func() {
+		s.mu.Lock()
+		all := s.all
+		s.mu.Unlock()
+		stopAll(all)
+	})
+	master := "127.0.0.1:" + strconv.Itoa(ports[0])
+	for i, role := range []string{"master", "replica"} {
+		p := strconv.Itoa(ports[i])
+		args := []string{"--port", p, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", dir,
+			"--dbfilename", "dump-" + p + ".rdb", "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"}
+		if role == "replica" {
+			args = append(args, "--replicaof", "127.0.0.1", strconv.Itoa(ports[0]))
+		}
+		srv := &server{name: role + "-" + p, addr: "127.0.0.1:" + p, log: filepath.Join(dir, role+"-"+p+".log"), args: args}
+		if err := s.add(srv, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 2; i < 5; i++ {
+		p := strconv.Itoa(ports[i])
+		conf := filepath.Join(dir, "sentinel-"+p+".conf")
+		doc := fmt.Sprintf("port %s\nbind 127.0.0.1\ndir %s\nsentinel monitor %s 127.0.0.1 %d 2\n"+
+			"sentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 10000\nsentinel parallel-syncs %s 1\n",
+			p, dir, s.MasterName, ports[0], s.MasterName, s.MasterName, s.MasterName)
+		if err := os.WriteFile(conf, []byte(doc), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		srv := &server{name: "sentinel-" + p, addr: "127.0.0.1:" + p, log: filepath.Join(dir, "sentinel-"+p+".log"),
+			args: []string{conf, "--sentinel"}}
+		if err := s.add(srv, false); err != nil {
+			t.Fatal(err)
+		}
+		s.Sentinels = append(s.Sentinels, srv.addr)
+	}
+	if err := s.waitSettled(ctx, master); err != nil {
+		t.Fatalf("%v\n%s", err, s.logs())
+	}
+	return s
+}
+
+// add starts srv and records it (data servers by address too).
+func (s *Sentinel) add(srv *server, data bool) error {
+	if err := srv.start(s.dir); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.all = append(s.all, srv)
+	if data {
+		s.servers[srv.addr] = srv
+	}
+	return nil
+}
+
+func (s *Sentinel) logs() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return logTails(s.all)
+}
+
+// waitSettled waits until master has its replica online and every
+// sentinel names master as the master and sees one replica (not down) and
+// the two other sentinels.
+func (s *Sentinel) waitSettled(ctx context.Context, master string) error {
+	mc := redis.NewClient(&redis.Options{Addr: master})
+	defer mc.Close()
+	if err := poll(ctx, "replica online at "+master, func(ctx context.Context) (bool, error) {
+		v, err := infoField(ctx, mc, "replication", "slave0")
+		return strings.Contains(v, "state=online"), err
+	}); err != nil {
+		return err
+	}
+	for _, a := range s.Sentinels {
+		sc := redis.NewSentinelClient(&redis.Options{Addr: a})
+		err := poll(ctx, "sentinel "+a+" settled on "+master, func(ctx context.Context) (bool, error) {
+			m, err := sc.Master(ctx, s.MasterName).Result()
+			if err != nil {
+				return false, err
+			}
+			if m["ip"]+":"+m["port"] != master || strings.Contains(m["flags"], "down") ||
+				m["num-slaves"] != "1" || m["num-other-sentinels"] != "2" {
+				return false, nil
+			}
+			reps, err := sc.Replicas(ctx, s.MasterName).Result()
+			if err != nil || len(reps) != 1 {
+				return false, err
+			}
+			return !strings.Contains(reps[0]["flags"], "down") && reps[0]["master-link-status"] == "ok", nil
+		})
+		sc.Close()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Master returns the address the sentinels currently name as master.
+func (s *Sentinel) Master(ctx context.Context) (string, error) {
+	sc := redis.NewSentinelClient(&redis.Options{Addr: s.Sentinels[0]})
+	defer sc.Close()
+	a, err := sc.GetMasterAddrByName(ctx, s.MasterName).Result()
+	if err != nil {
+		return "", fmt.Errorf("testenv: master of %s: %w", s.MasterName, err)
+	}
+	return a[0] + ":" + a[1], nil
+}
+
+// Replica returns the address of the replica the sentinels know.
+func (s *Sentinel) Replica(ctx context.Context) (string, error) {
+	sc := redis.NewSentinelClient(&redis.Options{Addr: s.Sentinels[0]})
+	defer sc.Close()
+	reps, err := sc.Replicas(ctx, s.MasterName).Result()
+	if err != nil || len(reps) != 1 {
+		return "", fmt.Errorf("testenv: replicas of %s: %v %v", s.MasterName, reps, err)
+	}
+	return reps[0]["ip"] + ":" + reps[0]["port"], nil
+}
+
+// Failover has a sentinel fail the master over to the replica (SENTINEL
+// FAILOVER, no agreement needed) and returns once the sentinels have
+// settled on the new master with the old one as its replica.
+func (s *Sentinel) Failover(ctx context.Context) (newMaster string, err error) {
+	old, err := s.Master(ctx)
+	if err != nil {
+		return "", err
+	}
+	sc := redis.NewSentinelClient(&redis.Options{Addr: s.Sentinels[0]})
+	defer sc.Close()
+	if err := sc.Failover(ctx, s.MasterName).Err(); err != nil {
+		return "", fmt.Errorf("testenv: SENTINEL FAILOVER: %w", err)
+	}
+	return s.awaitNewMaster(ctx, old)
+}
+
+// Kill kills the master with SIGKILL and returns once the sentinels have
+// promoted the replica; the old master stays down until Restart.
+func (s *Sentinel) Kill(ctx context.Context) (killed, newMaster string, err error) {
+	old, err := s.Master(ctx)
+	if err != nil {
+		return "", "", err
+	}
+	s.mu.Lock()
+	srv := s.servers[old]
+	s.mu.Unlock()
+	srv.kill(os.Kill)
+	nm, err := s.awaitPromoted(ctx, old)
+	return old, nm, err
+}
+
+// Restart starts a killed server again on its address; the sentinels
+// turn it into a replica of the current master. It returns once the
+// sentinels have settled with it as the replica.
+func (s *Sentinel) Restart(ctx context.Context, addr string) error {
+	s.mu.Lock()
+	srv := s.servers[addr]
+	s.mu.Unlock()
+	if srv == nil {
+		return fmt.Errorf("testenv: no server at %s", addr)
+	}
+	if err := srv.start(s.dir); err != nil {
+		return err
+	}
+	master, err := s.Master(ctx)
+	if err != nil {
+		return err
+	}
+	if err := s.waitSettled(ctx, master); err != nil {
+		return fmt.Errorf("%w\n%s", err, s.logs())
+	}
+	return nil
+}
+
+// awaitPromoted waits until every sentinel names a master other than old.
+func (s *Sentinel) awaitPromoted(ctx context.Context, old string) (string, error) {
+	var nm string
+	for _, a := range s.Sentinels {
+		sc := redis.NewSentinelClient(&redis.Options{Addr: a})
+		err := poll(ctx, "sentinel "+a+" names a master other than "+old, func(ctx context.Context) (bool, error) {
+			m, err := sc.GetMasterAddrByName(ctx, s.MasterName).Result()
+			if err != nil {
+				return false, err
+			}
+			nm = m[0] + ":" + m[1]
+			return nm != old, nil
+		})
+		sc.Close()
+		if err != nil {
+			return "", fmt.Errorf("%w\n%s", err, s.logs())
+		}
+	}
+	return nm, nil
+}
+
+// awaitNewMaster waits for the promotion, then for the old master to
+// replicate the new one and every sentinel to see that.
+func (s *Sentinel) awaitNewMaster(ctx context.Context, old string) (string, error) {
+	nm, err := s.awaitPromoted(ctx, old)
+	if err != nil {
+		return "", err
+	}
+	if err := s.waitSettled(ctx, nm); err != nil {
+		return "", fmt.Errorf("%w\n%s", err, s.logs())
+	}
+	return nm, nil
+}
+
+// stopAll stops servers with SIGTERM (no persistence: they exit at once).
+func stopAll(servers []*server) {
+	var wg sync.WaitGroup
+	for _, s := range servers {
+		wg.Go(func() { s.kill(os.Interrupt) })
+	}
+	wg.Wait()
+}
+
+// waitPing waits until addr answers PING.
+func waitPing(ctx context.Context, addr string) error {
+	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1})
+	defer c.Close()
+	return poll(ctx, "PING "+addr, func(ctx context.Context) (bool, error) {
+		err := c.Ping(ctx).Err()
+		return err == nil, err
+	})
+}
