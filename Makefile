@@ -16,9 +16,21 @@ bench:
 	BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -run '^$$' -bench . -benchtime 2s -count 3 ./pkg/keypool
 	BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -run '^$$' -bench . -benchtime 1000x -count 3 ./pkg/cache
 	BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -run '^$$' -bench CacheThroughAPI -benchtime 400x -count 3 ./pkg/service
-	BULWARK_RACE=0 scripts/test.sh -run '^$$' -bench 'QueuedPath|ThousandStreams' -benchtime 1x -count 3 ./pkg/service
+	BULWARK_RACE=0 scripts/test.sh -run '^$$' -bench 'QueuedPath|ThousandStreams|CompatPath' -benchtime 1x -count 3 ./pkg/service
 	$(MAKE) storm
 	$(MAKE) scale
+
+# CPU and block profiles of the queued compat path (BenchmarkCompatPath,
+# 32 clients, one API and one worker in the test process, mock answering
+# at once) in .data/profile/, and the top of each (README, Performance).
+# A running process serves the same profiles: /debug/pprof/ on the
+# worker's metrics listener, /admin/debug/pprof/ on the API.
+profile:
+	mkdir -p .data/profile
+	BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -run '^$$' -bench 'CompatPath/queued/c=32' -benchtime 1x -count 1 \
+	  -o $(CURDIR)/.data/profile/service.test -cpuprofile $(CURDIR)/.data/profile/cpu.out -blockprofile $(CURDIR)/.data/profile/block.out ./pkg/service
+	go tool pprof -top -cum -nodecount 60 .data/profile/service.test .data/profile/cpu.out | grep -E 'Duration|bulwark/pkg' | head -30
+	go tool pprof -top -cum -nodecount 60 .data/profile/service.test .data/profile/block.out | grep -E 'Duration|bulwark/pkg' | head -20
 
 # The storm benchmark alone (README, Performance): api, two workers and the
 # mock provider as OS processes, five scenarios, under five minutes; exits 1

@@ -249,14 +249,16 @@ func (s *Server) await(ctx context.Context, a *intake.Accepted) (*job.Record, er
 	timer := time.NewTimer(s.cfg.SyncTimeout)
 	defer timer.Stop()
 	for {
-		rec, err := s.d.Jobs.Get(ctx, follow)
+		// The status alone says whether to wait: the whole record (the
+		// request, its embedding, the answer) is read once, at the end.
+		st, err := s.d.Jobs.StatusOf(ctx, follow)
 		if err != nil {
 			return nil, err
 		}
-		if rec.Status.Terminal() {
-			return rec, nil
+		if st.Terminal() {
+			return s.d.Jobs.Get(ctx, follow)
 		}
-		// Wait for the next stored event (a position update changes nothing).
+		// Wait for the ending event, or for a resync (events were lost).
 		for waiting := true; waiting; {
 			select {
 			case <-ctx.Done():
@@ -264,10 +266,19 @@ func (s *Server) await(ctx context.Context, a *intake.Accepted) (*job.Record, er
 			case <-timer.C:
 				return nil, errStillQueued
 			case ev := <-sub.C:
-				waiting = ev.ID == "" && ev.Type != "resync"
+				waiting = !ends(ev) && ev.Type != "resync" && !sub.Lagged()
 			}
 		}
 	}
+}
+
+// ends reports whether ev is a request's last stored event.
+func ends(ev job.Event) bool {
+	switch ev.Type {
+	case job.EventCompleted, job.EventFailed, job.EventCancelled:
+		return ev.ID != ""
+	}
+	return false
 }
 
 // retryHint is when a still-queued request is likely done.

@@ -144,6 +144,14 @@ func (m *memJobs) Apply(_ context.Context, id string, c job.Change) (string, err
 	return m.store(id, ev), nil
 }
 
+func (m *memJobs) StatusOf(ctx context.Context, id string) (job.Status, error) {
+	r, err := m.Get(ctx, id)
+	if err != nil {
+		return "", err
+	}
+	return r.Status, nil
+}
+
 func (m *memJobs) Get(_ context.Context, id string) (*job.Record, error) {
 	select {
 	case m.gets <- id:

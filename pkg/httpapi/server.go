@@ -32,6 +32,7 @@ import (
 // Jobs is the live request store.
 type Jobs interface {
 	Get(ctx context.Context, id string) (*job.Record, error)
+	StatusOf(ctx context.Context, id string) (job.Status, error)
 	Apply(ctx context.Context, id string, c job.Change) (string, error)
 	Events(ctx context.Context, id, after string) ([]job.Event, error)
 }

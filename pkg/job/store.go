@@ -23,6 +23,7 @@ var ErrTerminal = errors.New("job: request already ended")
 type Redis interface {
 	redis.Scripter
 	HGetAll(ctx context.Context, key string) *redis.MapStringStringCmd
+	HGet(ctx context.Context, key, field string) *redis.StringCmd
 	ZRangeByScore(ctx context.Context, key string, opt *redis.ZRangeBy) *redis.StringSliceCmd
 	ZRem(ctx context.Context, key string, members ...any) *redis.IntCmd
 	XRange(ctx context.Context, stream, start, stop string) *redis.XMessageSliceCmd
@@ -245,6 +246,20 @@ func (s *Store) Get(ctx context.Context, id string) (*Record, error) {
 		}
 	}
 	return r, nil
+}
+
+// StatusOf reads only request id's status: no record to decode (a
+// record carries the request, its embedding and its answer), for callers
+// that wait for the end. ErrNotFound when there is no record.
+func (s *Store) StatusOf(ctx context.Context, id string) (Status, error) {
+	v, err := s.rdb.HGet(ctx, s.jobKey(id), "status").Result()
+	if errors.Is(err, redis.Nil) {
+		return "", ErrNotFound
+	}
+	if err != nil {
+		return "", fmt.Errorf("job: status of %s: %w", id, err)
+	}
+	return Status(v), nil
 }
 
 // Events returns the stored events after stream id after ("" = all).

@@ -51,6 +51,12 @@ func TestLifecycle(t *testing.T) {
 	if err != nil || rec.Status != job.StatusCancelled || rec.Reason != "by caller" || rec.State.Attempts != 1 {
 		t.Fatalf("record: %+v %v", rec, err)
 	}
+	if st, err := s.StatusOf(ctx, "r1"); err != nil || st != job.StatusCancelled {
+		t.Fatalf("StatusOf: %q %v", st, err)
+	}
+	if _, err := s.StatusOf(ctx, "r2"); !errors.Is(err, job.ErrNotFound) {
+		t.Fatalf("StatusOf of no record: %v", err)
+	}
 	evs, err := s.Events(ctx, "r1", "")
 	if err != nil || len(evs) != 3 {
 		t.Fatalf("events: %v %v", evs, err)

@@ -33,28 +33,33 @@ import (
 //	queued/c=1    the same, one client at a time (latency of the path)
 //	hit/c=1       one prompt asked again: exact cache hits
 //	hit/c=32      the same, 32 clients
+//
+// The scale model in the README (Redis commands and bytes per request of
+// each path) is read from these figures.
 func BenchmarkCompatPath(b *testing.B) {
-	cases := []struct {
-		name    string
-		clients int
-		n       int
-		hit     bool
-	}{
-		{"queued/c=32", 32, 2000, false},
-		{"queued/c=1", 1, 300, false},
-		{"hit/c=1", 1, 2000, true},
-		{"hit/c=32", 32, 8000, true},
+	cases := []benchCase{
+		{name: "queued/c=32", clients: 32, n: 2000},
+		{name: "queued/c=1", clients: 1, n: 300},
+		{name: "hit/c=1", clients: 1, n: 2000, hit: true},
+		{name: "hit/c=32", clients: 32, n: 8000, hit: true},
 	}
 	for _, tc := range cases {
 		b.Run(tc.name, func(b *testing.B) {
 			for range b.N {
-				benchCompat(b, tc.clients, tc.n, tc.hit)
+				benchCompat(b, tc)
 			}
 		})
 	}
 }
 
-func benchCompat(b *testing.B, clients, n int, hit bool) {
+type benchCase struct {
+	name       string
+	clients, n int
+	hit        bool
+}
+
+func benchCompat(b *testing.B, tc benchCase) {
+	clients, n, hit := tc.clients, tc.n, tc.hit
 	b.StopTimer()
 	s := newSystem(b, opts{quiet: true, keysYML: unlimitedKeys, extraYML: "queue: {queue_max_depth: 20000}"})
 	s.cfg.Worker.Concurrency = 64
@@ -98,6 +103,8 @@ func benchCompat(b *testing.B, clients, n int, hit bool) {
 	b.ReportMetric(ms(lat[n*99/100]), "p99_ms")
 	b.ReportMetric(float64(t1-t0)/float64(n), "redis_trips/req")
 	b.ReportMetric(float64(r1.commands-r0.commands)/float64(n), "redis_cmds/req")
+	b.ReportMetric(float64(r1.in-r0.in)/float64(n), "redis_in_B/req")
+	b.ReportMetric(float64(r1.out-r0.out)/float64(n), "redis_out_B/req")
 	b.ReportMetric((r1.cpu-r0.cpu).Seconds()*1e6/float64(n), "redis_cpu_us/req")
 	b.ReportMetric(cpu.Seconds()*1e3/float64(n), "proc_cpu_ms/req")
 }
@@ -146,6 +153,7 @@ func compatLoad(b *testing.B, cl *http.Client, url string, clients, n int, promp
 // redisUse is a Redis server's cumulative work.
 type redisUse struct {
 	commands int64 // every command executed, those run by scripts too
+	in, out  int64 // network bytes received and sent
 	cpu      time.Duration
 }
 
@@ -165,6 +173,11 @@ func redisCost(b *testing.B, rdb *redis.Client) redisUse {
 			u.commands += n
 		}
 	}
+	stats, err := rdb.Info(ctx, "stats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	u.in, u.out = int64(infoFloat(stats, "total_net_input_bytes")), int64(infoFloat(stats, "total_net_output_bytes"))
 	cpuInfo, err := rdb.Info(ctx, "cpu").Result()
 	if err != nil {
 		b.Fatal(err)
