@@ -6,6 +6,8 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5"
+
+	"bulwark/pkg/groupcommit"
 )
 
 // The answer writer takes cache inserts off the workers' path. An insert
@@ -69,7 +71,11 @@ func (c *Cache) startAnswers() {
 		return
 	}
 	w.rows, w.done, w.closed = make(chan pendingAnswer, answerQueue), make(chan struct{}), false
-	go c.writeAnswers(w.rows, w.done)
+	rows, done := w.rows, w.done
+	go func() {
+		defer close(done)
+		groupcommit.Run(rows, answerBatch, c.writeBatch)
+	}()
 }
 
 // stopAnswers writes what is queued and stops the writer (Stop calls it).
@@ -85,28 +91,6 @@ func (c *Cache) stopAnswers() {
 	done := w.done
 	w.mu.Unlock()
 	<-done
-}
-
-// writeAnswers writes batches until rows is closed and drained.
-func (c *Cache) writeAnswers(rows <-chan pendingAnswer, done chan<- struct{}) {
-	defer close(done)
-	batch := make([]pendingAnswer, 0, answerBatch)
-	for p := range rows {
-		batch = append(batch[:0], p)
-	more:
-		for len(batch) < answerBatch {
-			select {
-			case p, ok := <-rows:
-				if !ok {
-					break more
-				}
-				batch = append(batch, p)
-			default:
-				break more
-			}
-		}
-		c.writeBatch(batch)
-	}
 }
 
 // writeBatch inserts a batch in one transaction, then runs each entry's

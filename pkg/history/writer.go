@@ -7,13 +7,14 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"bulwark/pkg/groupcommit"
 	"bulwark/pkg/job"
 )
 
 // The writer takes history writes off the request path: Submitted and
 // Finished hand their row to it and return, and it writes whatever has
 // gathered in one round trip (a pgx batch) while the previous batch was
-// being written — group commit: no added wait when traffic is light,
+// being written — group commit (pkg/groupcommit): no added wait when traffic is light,
 // batches as large as needed when it is heavy. A profile of the queued
 // path showed the two synchronous inserts per request (one on the API's
 // submission path, one after the answer) among its largest waits.
@@ -97,23 +98,7 @@ func (s *Store) enqueue(r row) bool {
 // drain writes batches until the queue is closed and empty.
 func (s *Store) drain(w *writer) {
 	defer close(w.done)
-	batch := make([]row, 0, writerBatch)
-	for r := range w.rows {
-		batch = append(batch[:0], r)
-	more:
-		for len(batch) < writerBatch {
-			select {
-			case r, ok := <-w.rows:
-				if !ok {
-					break more
-				}
-				batch = append(batch, r)
-			default:
-				break more
-			}
-		}
-		s.writeBatch(batch)
-	}
+	groupcommit.Run(w.rows, writerBatch, s.writeBatch)
 }
 
 // writeBatch writes rows in one round trip; when the batch fails (one
