@@ -58,7 +58,8 @@ func (c *Config) KeypoolConfig() keypool.Config {
 				Endpoint: k.Endpoint, Deployment: k.Deployment},
 			RPM: rpm, TPM: tpm, MaxInFlight: k.MaxInFlight, Window: k.BurstWindow, Preferred: k.PTU})
 	}
-	return keypool.Config{Keys: keys, Prefix: c.Redis.Keyspace().Keypool(), LeaseTTL: KeyLeaseDefault}
+	return keypool.Config{Keys: keys, Prefix: c.Redis.Keyspace().Keypool(), LeaseTTL: KeyLeaseDefault,
+		CooldownBase: c.KeyCooldown.Base, CooldownMax: c.KeyCooldown.Max}
 }
 
 // BreakerConfig configures the breakers (pkg/breaker); the service adds
@@ -145,7 +146,7 @@ func (c *Config) validateComponents(add func(field, format string, args ...any))
 	}{
 		{"queue", c.SlotsConfig().WithDefaults().Validate()},
 		{"queue", c.QueueConfig().WithDefaults().Validate()},
-		{"keys", c.KeypoolConfig().WithDefaults().Validate()},
+		{"keys, key_cooldown", c.KeypoolConfig().WithDefaults().Validate()},
 		{"breaker", c.BreakerConfig().WithDefaults().Validate()},
 		{"alerts", c.AlertConfig().WithDefaults().Validate()},
 		{"cache", c.CacheConfig().WithDefaults().Validate()},

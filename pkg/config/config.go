@@ -66,6 +66,10 @@ type Config struct {
 	Breaker Breaker           `yaml:"breaker"`
 	// Compression shortens prompts before they are sent (pkg/compress).
 	Compression Compression `yaml:"compression"`
+	// KeyCooldown shapes the cooldown of a key after a 429:
+	// min(base·2^n, max), n its consecutive 429s, never shorter than the
+	// provider's Retry-After. Defaults 1s and 120s (the design document).
+	KeyCooldown KeyCooldown `yaml:"key_cooldown"`
 	Tenants     []Tenant    `yaml:"tenants"`
 	Alerts      Alerts      `yaml:"alerts"`
 	Report      Report      `yaml:"report"`
@@ -214,6 +218,12 @@ type Log struct {
 	Format string `yaml:"format"`
 	// Level is debug, info (default), warn or error.
 	Level string `yaml:"level"`
+}
+
+// KeyCooldown is the key pool's 429 cooldown rule (pkg/keypool).
+type KeyCooldown struct {
+	Base time.Duration `yaml:"base"`
+	Max  time.Duration `yaml:"max"`
 }
 
 // Profiling turns on Go's block and mutex profiles in every process

@@ -123,6 +123,8 @@ func TestValidation(t *testing.T) {
 			map[string]string{"K1": secretVal}, "keys[1]: endpoint, deployment and ptu are for azure keys"},
 		{"unknown kind", strings.Replace(minimal, `claude: {base_url`, `claude: {kind: gemini, base_url`, 1), map[string]string{"K1": secretVal}, `providers.claude.kind: must be anthropic, openai, bedrock, azure or local, not "gemini"`},
 		{"unknown key", minimal + "bogus: 1", map[string]string{"K1": secretVal}, "field bogus not found"},
+		{"key cooldown", minimal + "key_cooldown: {base: 100ms, max: 2s}", map[string]string{"K1": secretVal}, ""},
+		{"key cooldown max below base", minimal + "key_cooldown: {base: 5s, max: 2s}", map[string]string{"K1": secretVal}, "key_cooldown: keypool: Config.CooldownMax (2s) must be >= CooldownBase (5s)"},
 		{"reserves too big", minimal + "queue: {max_concurrent_llm_calls: 5}", map[string]string{"K1": secretVal}, "queue.reserved: reserves sum to 20"},
 		{"bad priority", minimal + "queue: {reserved: {urgent: 1}}", map[string]string{"K1": secretVal}, "invalid priority"},
 		{"no admin token", strings.Replace(minimal, "admin_token: a", "listen: x", 1), map[string]string{"K1": secretVal}, "server.admin_token: is required"},

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"bulwark/pkg/mockprovider"
 )
 
 // BenchmarkCompatPath measures what a client of the OpenAI-compatible
@@ -33,6 +35,13 @@ import (
 //	queued/c=1    the same, one client at a time (latency of the path)
 //	hit/c=1       one prompt asked again: exact cache hits
 //	hit/c=32      the same, 32 clients
+//	limited/c=32  queued, and the first 100 provider calls answer 429
+//	              (retry-after 1 ms): each moves its call to another key,
+//	              or its task back to the queue while every key cools. Key
+//	              cooldowns (key_cooldown 10 ms to 200 ms) and the breaker
+//	              (failure_threshold 1000) are set so that the run measures
+//	              the 429s' path, not minutes of cooling: compare its cost
+//	              per request with queued/c=32's, per 429.
 //
 // The scale model in the README (Redis commands and bytes per request of
 // each path) is read from these figures.
@@ -42,6 +51,7 @@ func BenchmarkCompatPath(b *testing.B) {
 		{name: "queued/c=1", clients: 1, n: 300},
 		{name: "hit/c=1", clients: 1, n: 2000, hit: true},
 		{name: "hit/c=32", clients: 32, n: 8000, hit: true},
+		{name: "limited/c=32", clients: 32, n: 1000, limited: true},
 	}
 	for _, tc := range cases {
 		b.Run(tc.name, func(b *testing.B) {
@@ -53,15 +63,22 @@ func BenchmarkCompatPath(b *testing.B) {
 }
 
 type benchCase struct {
-	name       string
-	clients, n int
-	hit        bool
+	name         string
+	clients, n   int
+	hit, limited bool
 }
+
+// limited429s is how many calls of limited/c=32 answer 429.
+const limited429s = 100
 
 func benchCompat(b *testing.B, tc benchCase) {
 	clients, n, hit := tc.clients, tc.n, tc.hit
 	b.StopTimer()
-	s := newSystem(b, opts{quiet: true, keysYML: unlimitedKeys, extraYML: "queue: {queue_max_depth: 20000}"})
+	extra := "queue: {queue_max_depth: 20000}"
+	if tc.limited {
+		extra += "\nkey_cooldown: {base: 10ms, max: 200ms}\nbreaker: {failure_threshold: 1000}"
+	}
+	s := newSystem(b, opts{quiet: true, keysYML: unlimitedKeys, extraYML: extra})
 	s.cfg.Worker.Concurrency = 64
 	api := s.startAPI()
 	s.startWorker()
@@ -83,6 +100,13 @@ func benchCompat(b *testing.B, tc benchCase) {
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: s.redis.Addr})
 	defer rdb.Close()
+	if tc.limited {
+		if err := s.mock.SetFault(mockprovider.Fault{Provider: "claude", Mode: mockprovider.FaultRateLimit,
+			Count: limited429s, RetryAfter: time.Millisecond}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	m0 := s.mock.Stats().Total()
 	r0 := redisCost(b, rdb)
 	t0 := trips.n.Load()
 	c0 := processCPU()
@@ -105,6 +129,12 @@ func benchCompat(b *testing.B, tc benchCase) {
 	b.ReportMetric(float64(r1.commands-r0.commands)/float64(n), "redis_cmds/req")
 	b.ReportMetric(float64(r1.in-r0.in)/float64(n), "redis_in_B/req")
 	b.ReportMetric(float64(r1.out-r0.out)/float64(n), "redis_out_B/req")
+	if tc.limited {
+		m1 := s.mock.Stats().Total()
+		inj := m1.Injected[mockprovider.FaultRateLimit] - m0.Injected[mockprovider.FaultRateLimit]
+		b.ReportMetric(float64(inj)/float64(n), "429/req")
+		b.ReportMetric(float64(m1.Requests-m0.Requests)/float64(n), "calls/req")
+	}
 	b.ReportMetric((r1.cpu-r0.cpu).Seconds()*1e6/float64(n), "redis_cpu_us/req")
 	b.ReportMetric(cpu.Seconds()*1e3/float64(n), "proc_cpu_ms/req")
 }
