@@ -1,5 +1,5 @@
 # The two commands of the README: `make run` and `make test`.
-.PHONY: run test build bench storm scale faults fuzz lint
+.PHONY: run test build bench storm scale faults fuzz lint profile
 
 run:
 	scripts/run.sh

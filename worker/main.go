@@ -39,12 +39,7 @@ func run() error {
 	if b.Cache != nil {
 		_ = b.Cache.Start(ctx)
 	}
-	// Healthy breakers cost no round trip while the worker hears of every
-	// change (pkg/breaker, view.go).
-	watchCtx, stopWatch := context.WithCancel(context.Background())
-	watching := make(chan struct{})
-	go func() { defer close(watching); b.Breakers.Watch(watchCtx) }()
-	defer func() { stopWatch(); <-watching }()
+	defer b.WatchBreakers()()
 	if err := srv.Start(mux); err != nil {
 		if metricsSrv != nil {
 			_ = metricsSrv.Close()

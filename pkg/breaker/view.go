@@ -68,18 +68,14 @@ func (v *views) learn(name string, gen int64, healthy bool) {
 	v.byName[name] = view{gen: gen, at: time.Now()}
 }
 
-// drop forgets breaker name ("" forgets all) and, with watching set,
-// starts or stops keeping views.
+// drop forgets breaker name.
 func (v *views) drop(name string) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	if name == "" {
-		clear(v.byName)
-		return
-	}
 	delete(v.byName, name)
 }
 
+// setWatching starts or stops keeping views, forgetting every one.
 func (v *views) setWatching(on bool) {
 	v.mu.Lock()
 	defer v.mu.Unlock()

@@ -212,12 +212,10 @@ func (s *system) startWorker() func() {
 	}
 	sweeper := b.Sweeper()
 	sweeper.Start(context.Background())
-	watchCtx, stopWatch := context.WithCancel(context.Background())
-	watching := make(chan struct{})
-	go func() { defer close(watching); b.Breakers.Watch(watchCtx) }() // as worker/main.go
+	stopWatch := b.WatchBreakers() // as worker/main.go
 	s.workers = append(s.workers, b)
 	var once sync.Once
-	stop := func() { once.Do(func() { sweeper.Stop(); srv.Shutdown(); stopWatch(); <-watching; b.Close() }) }
+	stop := func() { once.Do(func() { sweeper.Stop(); srv.Shutdown(); stopWatch(); b.Close() }) }
 	s.t.Cleanup(stop)
 	return stop
 }

@@ -221,6 +221,16 @@ func (b *Base) Close() {
 	}
 }
 
+// WatchBreakers keeps the breakers' views of healthy breakers while the
+// worker runs (breaker.Set.Watch: most calls then cost no breaker round
+// trip); stop ends it and waits.
+func (b *Base) WatchBreakers() (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); b.Breakers.Watch(ctx) }()
+	return func() { cancel(); <-done }
+}
+
 // MetricsHandler serves the registry.
 func (b *Base) MetricsHandler() http.Handler {
 	return promHandler(b.Registry)
