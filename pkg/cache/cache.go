@@ -19,6 +19,7 @@ import (
 	"github.com/pgvector/pgvector-go"
 
 	"bulwark/pkg/embed"
+	"bulwark/pkg/groupcommit"
 	"bulwark/pkg/job"
 )
 
@@ -91,7 +92,7 @@ type Cache struct {
 
 	hits    hitLog
 	run     runner
-	answers answerWriter
+	answers atomic.Pointer[groupcommit.Writer[pendingAnswer]] // while Start runs
 
 	lookups, exactHits, semHits, misses, guardRejected atomic.Int64
 	stores, errs, hitsLost, hitWrites                  atomic.Int64

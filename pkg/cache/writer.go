@@ -2,8 +2,8 @@ package cache
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"sync"
 
 	"github.com/jackc/pgx/v5"
 
@@ -21,15 +21,6 @@ import (
 // other. When PostgreSQL falls behind, the queue fills and answers are
 // not stored (counted in Stats.StoresShed): under overload the cache
 // sheds its own writes rather than slowing every request.
-type answerWriter struct {
-	rows chan pendingAnswer
-	done chan struct{}
-	// mu guards closed: senders hold it shared, stop exclusively, so
-	// nothing is sent on a closed channel.
-	mu     sync.RWMutex
-	closed bool
-}
-
 // pendingAnswer is one queued insert and what runs after it.
 type pendingAnswer struct {
 	args []any
@@ -47,50 +38,27 @@ const (
 // caller writes p itself). A full queue sheds p (counted; then runs) and
 // reports true.
 func (c *Cache) queueAnswer(p pendingAnswer) bool {
-	w := &c.answers
-	w.mu.RLock()
-	defer w.mu.RUnlock()
-	if w.rows == nil || w.closed {
-		return false
-	}
-	select {
-	case w.rows <- p:
-	default:
+	switch err := c.answers.Load().Offer(p); {
+	case err == nil:
+	case errors.Is(err, groupcommit.ErrFull):
 		c.storesShed.Add(1)
 		p.then()
+	default:
+		return false
 	}
 	return true
 }
 
-// startAnswers starts the writer (Start calls it).
+// startAnswers starts the writer (Start calls it, under c.run.mu).
 func (c *Cache) startAnswers() {
-	w := &c.answers
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.rows != nil && !w.closed {
-		return
-	}
-	w.rows, w.done, w.closed = make(chan pendingAnswer, answerQueue), make(chan struct{}), false
-	rows, done := w.rows, w.done
-	go func() {
-		defer close(done)
-		groupcommit.Run(rows, answerBatch, c.writeBatch)
-	}()
+	c.answers.Store(groupcommit.Start(answerQueue, answerBatch, c.writeBatch))
 }
 
 // stopAnswers writes what is queued and stops the writer (Stop calls it).
 func (c *Cache) stopAnswers() {
-	w := &c.answers
-	w.mu.Lock()
-	if w.rows == nil || w.closed {
-		w.mu.Unlock()
-		return
+	if w := c.answers.Swap(nil); w != nil {
+		w.Close()
 	}
-	w.closed = true
-	close(w.rows)
-	done := w.done
-	w.mu.Unlock()
-	<-done
 }
 
 // writeBatch inserts a batch in one transaction, then runs each entry's

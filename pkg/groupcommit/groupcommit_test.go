@@ -29,3 +29,42 @@ func TestRunBatchesWhatGathered(t *testing.T) {
 		t.Fatalf("items %v in batches %v, want 0..6 in 3, 3, 1", got, sizes)
 	}
 }
+
+// A Writer queues what fits (ErrFull beyond), writes all of it by Close,
+// and refuses after Close (ErrStopped), as a nil Writer does.
+func TestWriterQueueFullAndStopped(t *testing.T) {
+	var nilW *Writer[int]
+	if err := nilW.Offer(1); err != ErrStopped {
+		t.Fatalf("nil writer: %v", err)
+	}
+	nilW.Close()
+	release, writing := make(chan struct{}), make(chan struct{}, 1)
+	var got []int
+	w := Start(1, 10, func(b []int) {
+		select {
+		case writing <- struct{}{}:
+		default:
+		}
+		<-release
+		got = append(got, b...)
+	})
+	if err := w.Offer(1); err != nil {
+		t.Fatal(err)
+	}
+	<-writing // item 1 is being written: the queue is empty again
+	if err := w.Offer(2); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Offer(3); err != ErrFull {
+		t.Fatalf("third offer into a queue of 1 behind a blocked write: %v, want ErrFull", err)
+	}
+	close(release)
+	w.Close()
+	if !slices.Equal(got, []int{1, 2}) {
+		t.Fatalf("written %v, want [1 2]", got)
+	}
+	if err := w.Offer(4); err != ErrStopped {
+		t.Fatalf("after Close: %v", err)
+	}
+	w.Close()
+}

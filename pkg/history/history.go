@@ -15,11 +15,13 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"bulwark/pkg/groupcommit"
 	"bulwark/pkg/job"
 	"bulwark/pkg/llm"
 	"bulwark/pkg/priority"
@@ -38,8 +40,8 @@ type Store struct {
 	// OnDrop is called for every outcome the full outbox could not keep
 	// (metrics); may be nil.
 	OnDrop func()
-	outbox *outbox // nil: a failed outcome is only counted
-	writer *writer // nil until Start: writes are synchronous
+	outbox *outbox                                 // nil: a failed outcome is only counted
+	writer atomic.Pointer[groupcommit.Writer[row]] // nil until Start: writes are synchronous
 
 	mu         sync.Mutex
 	lastWarned time.Time

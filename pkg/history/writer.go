@@ -2,7 +2,6 @@ package history
 
 import (
 	"context"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -26,15 +25,6 @@ import (
 // killed with rows still queued loses them, as a kill between the
 // terminal record and the synchronous insert did before (at most one
 // batch: the rows of a few milliseconds).
-type writer struct {
-	rows chan row
-	done chan struct{}
-	// mu guards closed: senders hold it shared, Close exclusively, so no
-	// row is sent on a closed channel.
-	mu     sync.RWMutex
-	closed bool
-}
-
 // row is one queued write: a submission (sub) or an outcome (rec).
 type row struct {
 	sub  []any
@@ -53,53 +43,18 @@ const (
 
 // Start runs the batching writer until Close. Without it every write is
 // synchronous (tools, tests that read a row right after writing it).
+// Call it before the store is used.
 func (s *Store) Start() {
-	w := &writer{rows: make(chan row, writerQueue), done: make(chan struct{})}
-	s.writer = w
-	go s.drain(w)
+	s.writer.Store(groupcommit.Start(writerQueue, writerBatch, s.writeBatch))
 }
 
 // Close writes the queued rows and stops the writer. Calls after the
 // first do nothing; writes after Close are synchronous again.
-func (s *Store) Close() {
-	w := s.writer
-	if w == nil {
-		return
-	}
-	w.mu.Lock()
-	if !w.closed {
-		w.closed = true
-		close(w.rows)
-	}
-	w.mu.Unlock()
-	<-w.done
-}
+func (s *Store) Close() { s.writer.Load().Close() }
 
 // enqueue hands r to the writer; false when the caller must write it
 // itself (no writer, stopped, or its queue is full).
-func (s *Store) enqueue(r row) bool {
-	w := s.writer
-	if w == nil {
-		return false
-	}
-	w.mu.RLock()
-	defer w.mu.RUnlock()
-	if w.closed {
-		return false
-	}
-	select {
-	case w.rows <- r:
-		return true
-	default:
-		return false
-	}
-}
-
-// drain writes batches until the queue is closed and empty.
-func (s *Store) drain(w *writer) {
-	defer close(w.done)
-	groupcommit.Run(w.rows, writerBatch, s.writeBatch)
-}
+func (s *Store) enqueue(r row) bool { return s.writer.Load().Offer(r) == nil }
 
 // writeBatch writes rows in one round trip; when the batch fails (one
 // refused row aborts the rest), each row is written on its own, with the
