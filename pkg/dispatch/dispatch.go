@@ -77,7 +77,9 @@ type Slots interface {
 
 // Jobs is the live request store.
 type Jobs interface {
-	Get(ctx context.Context, id string) (*job.Record, error)
+	// GetWithEmbedding: the cache write after the call needs the prompt's
+	// embedding, computed once by the API.
+	GetWithEmbedding(ctx context.Context, id string) (*job.Record, error)
 	Apply(ctx context.Context, id string, c job.Change) (string, error)
 }
 
@@ -258,7 +260,7 @@ func (d *Dispatcher) ProcessTask(ctx context.Context, t *asynq.Task) error {
 		return fmt.Errorf("dispatch: bad payload: %v: %w", err, asynq.SkipRetry)
 	}
 	log := d.logger.With("request_id", p.ID)
-	rec, err := d.jobs.Get(ctx, p.ID)
+	rec, err := d.jobs.GetWithEmbedding(ctx, p.ID)
 	if errors.Is(err, job.ErrNotFound) {
 		log.Warn("dispatch: request record is gone; dropping task")
 		return nil

@@ -65,7 +65,7 @@ func (f *fakeJobs) setStatus(id string, s job.Status) {
 	f.recs[id].Status = s
 }
 
-func (f *fakeJobs) Get(_ context.Context, id string) (*job.Record, error) {
+func (f *fakeJobs) GetWithEmbedding(_ context.Context, id string) (*job.Record, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.getErr != nil {

@@ -22,7 +22,7 @@ var ErrTerminal = errors.New("job: request already ended")
 // Redis is the narrow client the store needs.
 type Redis interface {
 	redis.Scripter
-	HGetAll(ctx context.Context, key string) *redis.MapStringStringCmd
+	HMGet(ctx context.Context, key string, fields ...string) *redis.SliceCmd
 	HGet(ctx context.Context, key, field string) *redis.StringCmd
 	ZRangeByScore(ctx context.Context, key string, opt *redis.ZRangeBy) *redis.StringSliceCmd
 	ZRem(ctx context.Context, key string, members ...any) *redis.IntCmd
@@ -68,7 +68,7 @@ func (s *Store) Channel() string { return s.prefix + "events" }
 // ARGV[1] job JSON, ARGV[2] status, ARGV[3] event JSON, ARGV[4] channel,
 // ARGV[5] id, ARGV[6] ttl of the idempotency key and an abandoned record (s),
 // ARGV[7] max events, ARGV[8] creation time (Unix ms), ARGV[9] the tenant's
-// limit (0: none)
+// limit (0: none), ARGV[10] the prompt's embedding ("" none; see encodeVector)
 // Reply: {1, streamID} created; {0, existingID} idempotency key already
 // used; {2, count} the tenant is at its limit.
 var createScript = redis.NewScript(`
@@ -88,6 +88,7 @@ if limit > 0 then
 end
 if KEYS[3] ~= KEYS[1] then redis.call("SET", KEYS[3], ARGV[5], "EX", ARGV[6]) end
 redis.call("HSET", KEYS[1], "job", ARGV[1], "status", ARGV[2], "state", "{}")
+if ARGV[10] ~= "" then redis.call("HSET", KEYS[1], "emb", ARGV[10]) end
 redis.call("ZADD", KEYS[4], ARGV[8], ARGV[5])
 if limit > 0 then
   -- Only a limited tenant's set is kept: nothing would prune an unlimited
@@ -123,10 +124,14 @@ func (s *Store) Create(ctx context.Context, j *Job, ev Event, idemKey string, ma
 	}
 	// A queued record lives at least as long as its deadline plus the result TTL.
 	ttl := time.Until(j.Deadline) + s.ttl
+	// The embedding goes to a field of its own, which only GetWithEmbedding
+	// reads: as JSON it was most of the record, decoded on every Get.
+	bare := *j
+	bare.Embedding = nil
 	res, err := createScript.Run(ctx, s.rdb,
 		[]string{s.jobKey(j.ID), s.streamKey(j.ID), ik, s.liveKey(), s.tenantLiveKey(j.Tenant)},
-		mustJSON(j), string(StatusQueued), mustJSON(ev), s.Channel(), j.ID, int(ttl.Seconds())+1, MaxEvents,
-		j.CreatedAt.UnixMilli(), max(0, maxLive),
+		mustJSON(&bare), string(StatusQueued), mustJSON(ev), s.Channel(), j.ID, int(ttl.Seconds())+1, MaxEvents,
+		j.CreatedAt.UnixMilli(), max(0, maxLive), encodeVector(j.Embedding),
 	).Slice()
 	if err != nil {
 		return "", false, fmt.Errorf("job: create %s: %w", j.ID, err)
@@ -227,13 +232,35 @@ func (s *Store) Apply(ctx context.Context, id string, c Change) (string, error) 
 	return v, nil
 }
 
-// Get returns a request's live record.
+// recordFields are the hash fields of a record Get decodes, in order;
+// GetWithEmbedding reads "emb" too.
+var recordFields = []string{"job", "status", "reason", "code", "detail", "state"}
+
+// Get returns a request's live record without the prompt's embedding
+// (Job.Embedding is nil), which only the worker that calls the provider
+// needs (GetWithEmbedding).
 func (s *Store) Get(ctx context.Context, id string) (*Record, error) {
-	m, err := s.rdb.HGetAll(ctx, s.jobKey(id)).Result()
+	return s.get(ctx, id, recordFields)
+}
+
+// GetWithEmbedding returns a request's live record with the prompt's
+// embedding, for the cache write after the call.
+func (s *Store) GetWithEmbedding(ctx context.Context, id string) (*Record, error) {
+	return s.get(ctx, id, append(recordFields[:len(recordFields):len(recordFields)], "emb"))
+}
+
+func (s *Store) get(ctx context.Context, id string, fields []string) (*Record, error) {
+	vals, err := s.rdb.HMGet(ctx, s.jobKey(id), fields...).Result()
 	if err != nil {
 		return nil, fmt.Errorf("job: get %s: %w", id, err)
 	}
-	if len(m) == 0 || m["job"] == "" {
+	m := make(map[string]string, len(fields))
+	for i, v := range vals {
+		if str, ok := v.(string); ok {
+			m[fields[i]] = str
+		}
+	}
+	if m["job"] == "" {
 		return nil, ErrNotFound
 	}
 	r := &Record{Status: Status(m["status"]), Reason: m["reason"], Code: Code(m["code"]), Detail: m["detail"]}
@@ -243,6 +270,11 @@ func (s *Store) Get(ctx context.Context, id string) (*Record, error) {
 	if st := m["state"]; st != "" {
 		if err := json.Unmarshal([]byte(st), &r.State); err != nil {
 			return nil, fmt.Errorf("job: decode state %s: %w", id, err)
+		}
+	}
+	if e, ok := m["emb"]; ok {
+		if r.Job.Embedding, err = decodeVector(e); err != nil {
+			return nil, fmt.Errorf("job: decode embedding of %s: %w", id, err)
 		}
 	}
 	return r, nil

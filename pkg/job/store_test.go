@@ -2,7 +2,11 @@ package job_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"math"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -73,5 +77,46 @@ func TestLifecycle(t *testing.T) {
 	}
 	if _, err := s.Apply(ctx, "nope", job.Change{Status: job.StatusRunning}); !errors.Is(err, job.ErrNotFound) {
 		t.Fatalf("unknown id: %v", err)
+	}
+}
+
+// The prompt's embedding is read only by GetWithEmbedding: Get, on every
+// wait and poll, decodes no vector. A record written before the embedding
+// had its own field (inside the job JSON) still gives it back.
+func TestEmbeddingReadOnlyWhenAsked(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	s := job.NewStore(rdb, "b:", time.Hour)
+	j := newJob("e1")
+	j.Embedding = []float32{0.25, -1, 0, 3.5e-7, float32(math.Pi)}
+	if _, _, err := s.Create(ctx, j, job.Event{Type: job.EventQueued}, "", 0); err != nil {
+		t.Fatal(err)
+	}
+	raw, err := rdb.HGet(ctx, "b:job:e1", "job").Result()
+	if err != nil || strings.Contains(raw, "embedding") {
+		t.Fatalf("the job JSON carries the embedding: %s %v", raw, err)
+	}
+	rec, err := s.Get(ctx, "e1")
+	if err != nil || rec.Job.Embedding != nil || rec.Job.ID != "e1" {
+		t.Fatalf("Get: %+v %v", rec, err)
+	}
+	rec, err = s.GetWithEmbedding(ctx, "e1")
+	if err != nil || !slices.Equal(rec.Job.Embedding, j.Embedding) {
+		t.Fatalf("GetWithEmbedding: %v %v", rec.Job.Embedding, err)
+	}
+
+	legacy := newJob("e2")
+	legacy.Embedding = []float32{1, 2}
+	body, _ := json.Marshal(legacy)
+	if err := rdb.HSet(ctx, "b:job:e2", "job", string(body), "status", string(job.StatusQueued), "state", "{}").Err(); err != nil {
+		t.Fatal(err)
+	}
+	rec, err = s.GetWithEmbedding(ctx, "e2")
+	if err != nil || !slices.Equal(rec.Job.Embedding, legacy.Embedding) {
+		t.Fatalf("legacy record: %v %v", rec.Job.Embedding, err)
+	}
+	if _, err := s.GetWithEmbedding(ctx, "none"); !errors.Is(err, job.ErrNotFound) {
+		t.Fatalf("no record: %v", err)
 	}
 }
