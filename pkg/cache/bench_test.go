@@ -342,7 +342,7 @@ func loadBench(b *testing.B, n int) *benchData {
 	require.NoError(b, err)
 	_, err = conn.Exec(ctx, "SET maintenance_work_mem = '1GB'")
 	require.NoError(b, err)
-	_, err = conn.Exec(ctx, createIndexSQL(emb))
+	_, err = conn.Exec(ctx, createIndexSQL(emb, c.cfg))
 	require.NoError(b, err)
 	_, err = conn.Exec(ctx, "VACUUM ANALYZE semantic_cache")
 	require.NoError(b, err)

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -249,9 +250,9 @@ ON CONFLICT (scope, prompt_hash) DO UPDATE SET
 // createIndexSQL is the DDL of emb's partial HNSW index. Queries use the
 // same expression (the cast to the embedder's dimension; the column itself
 // has none, so one column serves every embedder) and the same predicate.
-func createIndexSQL(emb embed.Embedder) string {
-	return fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON semantic_cache USING hnsw ((embedding::vector(%d)) vector_cosine_ops) WHERE embedder = %s`,
-		pgx.Identifier{IndexName(emb.Name())}.Sanitize(), emb.Dims(), quoteLiteral(emb.Name()))
+func createIndexSQL(emb embed.Embedder, cfg Config) string {
+	return fmt.Sprintf(`CREATE INDEX IF NOT EXISTS %s ON semantic_cache USING hnsw ((embedding::vector(%d)) vector_cosine_ops) WITH (m = %d, ef_construction = %d) WHERE embedder = %s`,
+		pgx.Identifier{IndexName(emb.Name())}.Sanitize(), emb.Dims(), cfg.IndexM, cfg.IndexEfConstruction, quoteLiteral(emb.Name()))
 }
 
 // ensureIndex creates the embedder's HNSW index if it is missing. The
@@ -263,13 +264,46 @@ func (c *Cache) ensureIndex(ctx context.Context) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtext('bulwark.semantic_cache.index'))"); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, createIndexSQL(c.emb))
+		_, err := tx.Exec(ctx, createIndexSQL(c.emb, c.cfg))
 		return err
 	})
 	if err != nil {
 		return fmt.Errorf("cache: create index %s: %w: %w", c.indexName, ErrUnavailable, err)
 	}
+	c.checkIndexParams(ctx)
 	return nil
+}
+
+// checkIndexParams warns when the embedder's index was built with other
+// HNSW parameters than the configured ones: CREATE INDEX IF NOT EXISTS
+// kept it, and rebuilding an index of every stored answer (the statement
+// is in the warning) is the operator's call.
+func (c *Cache) checkIndexParams(ctx context.Context) {
+	var opts []string
+	err := c.pool.QueryRow(ctx, "SELECT coalesce(reloptions, '{}') FROM pg_class WHERE relname = $1", c.indexName).Scan(&opts)
+	if err != nil {
+		c.logger.Warn("cache: could not read the HNSW index's parameters", "index", c.indexName, "err", err)
+		return
+	}
+	m, ef := IndexMDefault, IndexEfBuildDefault // pgvector's when none is set
+	for _, o := range opts {
+		k, v, _ := strings.Cut(o, "=")
+		n, _ := strconv.Atoi(v)
+		switch k {
+		case "m":
+			m = n
+		case "ef_construction":
+			ef = n
+		}
+	}
+	if m != c.cfg.IndexM || ef != c.cfg.IndexEfConstruction {
+		name := pgx.Identifier{c.indexName}.Sanitize()
+		c.logger.Warn("cache: the HNSW index was built with other parameters than configured; they apply once it is rebuilt",
+			"index", c.indexName, "m", m, "ef_construction", ef,
+			"configured_m", c.cfg.IndexM, "configured_ef_construction", c.cfg.IndexEfConstruction,
+			"rebuild", fmt.Sprintf("ALTER INDEX %s SET (m = %d, ef_construction = %d); REINDEX INDEX CONCURRENTLY %s",
+				name, c.cfg.IndexM, c.cfg.IndexEfConstruction, name))
+	}
 }
 
 // checkConn refuses a pool built without AfterConnect: without iterative

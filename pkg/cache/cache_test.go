@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"math"
@@ -705,7 +706,8 @@ func TestIndexIsUsable(t *testing.T) {
 
 	var def string
 	require.NoError(t, b.pool.QueryRow(ctx, "SELECT indexdef FROM pg_indexes WHERE indexname = $1", IndexName(b.emb.Name())).Scan(&def))
-	require.Contains(t, def, "USING hnsw (((embedding)::vector(384)) vector_cosine_ops) WHERE (embedder = 'local-ngram-384'::text)")
+	require.Contains(t, def, fmt.Sprintf("USING hnsw (((embedding)::vector(384)) vector_cosine_ops) WITH (m='%d', ef_construction='%d') WHERE (embedder = 'local-ngram-384'::text)",
+		IndexMDefault, IndexEfBuildDefault))
 
 	// New is idempotent, also for a second embedder with its own index.
 	emb2, _ := embed.NewLocal(64)
@@ -716,6 +718,25 @@ func TestIndexIsUsable(t *testing.T) {
 	var n int
 	require.NoError(t, b.pool.QueryRow(ctx, "SELECT count(*) FROM pg_indexes WHERE indexname LIKE 'semantic_cache_hnsw_%'").Scan(&n))
 	require.Equal(t, 2, n)
+	require.NotContains(t, b.logs.String(), "other parameters")
+
+	// Other build parameters do not rebuild the index behind the
+	// operator's back: Prepare says how, and the statements it gives work.
+	logs := &logBuffer{}
+	_, err := New(ctx, b.pool, b.emb, Config{IndexM: 8, IndexEfConstruction: 32}, slog.New(slog.NewTextHandler(logs, nil)))
+	require.NoError(t, err)
+	require.Contains(t, logs.String(), "other parameters than configured")
+	_, rebuild, ok := strings.Cut(logs.String(), "rebuild=\"")
+	require.True(t, ok, logs.String())
+	rebuild, _, _ = strings.Cut(rebuild, "\"\n")
+	for stmt := range strings.SplitSeq(strings.ReplaceAll(rebuild, `\"`, `"`), "; ") {
+		_, err := b.pool.Exec(ctx, stmt)
+		require.NoError(t, err, stmt)
+	}
+	logs = &logBuffer{}
+	_, err = New(ctx, b.pool, b.emb, Config{IndexM: 8, IndexEfConstruction: 32}, slog.New(slog.NewTextHandler(logs, nil)))
+	require.NoError(t, err)
+	require.NotContains(t, logs.String(), "other parameters", "after the rebuild")
 
 	// The search's expression and predicate match the index: with other
 	// plans priced out, the planner picks it.

@@ -27,6 +27,8 @@ const (
 	MaxScanTuplesDefault   = 5000
 	SmallScopeRowsDefault  = 500
 	CandidatesDefault      = 5
+	IndexMDefault          = 16
+	IndexEfBuildDefault    = 64
 	FailLogIntervalDefault = time.Minute
 	QueryTimeoutDefault    = 500 * time.Millisecond
 	HitFlushDefault        = time.Second
@@ -129,6 +131,14 @@ type Config struct {
 	// in a scope with few live rows may run to MaxScanTuples (26 ms). See
 	// the package documentation. Negative means always use the index.
 	SmallScopeRows int `yaml:"small_scope_rows"`
+	// IndexM and IndexEfConstruction are the HNSW index's build
+	// parameters (pgvector's m, 2..100, and ef_construction, at least
+	// 2*m): the cost of every store's index insert against the graph's
+	// quality. Defaults IndexMDefault and IndexEfBuildDefault (pgvector's
+	// own). They apply when the index is created: Prepare warns, with the
+	// statements that rebuild it, when it was built with others.
+	IndexM              int `yaml:"index_m"`
+	IndexEfConstruction int `yaml:"index_ef_construction"`
 	// Candidates is how many nearest rows a semantic lookup fetches, so
 	// that one rejected by the protected-entity guard can give way to the
 	// next. Default CandidatesDefault (5), at most 100.
@@ -185,6 +195,12 @@ func (c Config) WithDefaults() Config {
 	if c.Candidates == 0 {
 		c.Candidates = CandidatesDefault
 	}
+	if c.IndexM == 0 {
+		c.IndexM = IndexMDefault
+	}
+	if c.IndexEfConstruction == 0 {
+		c.IndexEfConstruction = max(IndexEfBuildDefault, 2*c.IndexM)
+	}
 	if c.QueryTimeout == 0 {
 		c.QueryTimeout = QueryTimeoutDefault
 	}
@@ -228,6 +244,12 @@ func (c Config) Validate() error {
 	}
 	if c.MaxScanTuples < 1 {
 		return fmt.Errorf("cache: Config.MaxScanTuples %d: want >= 1", c.MaxScanTuples)
+	}
+	if c.IndexM < 2 || c.IndexM > 100 {
+		return fmt.Errorf("cache: Config.IndexM %d: want 2..100 (pgvector's limits)", c.IndexM)
+	}
+	if c.IndexEfConstruction < 2*c.IndexM || c.IndexEfConstruction > 1000 {
+		return fmt.Errorf("cache: Config.IndexEfConstruction %d: want 2*IndexM (%d)..1000 (pgvector's limits)", c.IndexEfConstruction, 2*c.IndexM)
 	}
 	if c.Candidates < 1 || c.Candidates > 100 {
 		return fmt.Errorf("cache: Config.Candidates %d: want 1..100", c.Candidates)

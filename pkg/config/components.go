@@ -96,7 +96,8 @@ func (c *Config) CompressConfig() compress.Config {
 func (c *Config) CacheConfig() cache.Config {
 	ca := c.Cache
 	return cache.Config{Threshold: ca.Threshold, TTL: ca.TTL, DefaultLayer: ca.DefaultLayer,
-		TenantIsolation: ca.TenantIsolation, ProtectedPatterns: ca.ProtectedPatterns}
+		TenantIsolation: ca.TenantIsolation, ProtectedPatterns: ca.ProtectedPatterns,
+		IndexM: ca.Index.M, IndexEfConstruction: ca.Index.EfConstruction}
 }
 
 // EmbedConfig configures the cache's embedder (pkg/embed).

@@ -343,6 +343,17 @@ type Cache struct {
 	// Embedder: "local" (default, no network) or "openai" (any compatible
 	// /v1/embeddings endpoint).
 	Embedder Embedder `yaml:"embedder"`
+	// Index holds the HNSW index's build parameters (pgvector's m and
+	// ef_construction). Default 16 and 64: lower ones make each stored
+	// answer cheaper to index and lose semantic hits (README, Performance).
+	Index CacheIndex `yaml:"index"`
+}
+
+// CacheIndex holds the HNSW index's build parameters (cache.Config.IndexM,
+// IndexEfConstruction).
+type CacheIndex struct {
+	M              int `yaml:"m"`
+	EfConstruction int `yaml:"ef_construction"`
 }
 
 // Embedder configures the embedding model.

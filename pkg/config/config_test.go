@@ -180,6 +180,9 @@ func TestValidation(t *testing.T) {
 		// A component's own validation backs the file's rules up.
 		{"embedder dims out of range", minimal + `cache: {embedder: {kind: openai, base_url: "http://127.0.0.1:2", model: m, dims: 99999}}`,
 			map[string]string{"K1": secretVal}, "cache.embedder: embed: OpenAIConfig.Dims 99999"},
+		{"HNSW build below pgvector's limits", minimal + `cache: {index: {m: 16, ef_construction: 20}}`,
+			map[string]string{"K1": secretVal}, "cache: cache: Config.IndexEfConstruction 20: want 2*IndexM (32)..1000"},
+		{"HNSW build parameters", minimal + `cache: {index: {m: 12, ef_construction: 40}}`, map[string]string{"K1": secretVal}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
