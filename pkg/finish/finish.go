@@ -250,9 +250,12 @@ func (f *Finisher) account(ctx context.Context, rec *job.Record) {
 
 // release returns what releases rec's coalescing claim: a no-op unless rec
 // leads its key. It may run after Finish returned (once the answer is
-// stored), so it has a context of its own.
+// stored), so it has a context of its own. A request answered without a
+// call of its own never holds the claim (a cache hit at intake answers
+// before claiming; a follower never leads; answeredMeanwhile releases the
+// claim it took itself), so it costs no Redis round trip.
 func (f *Finisher) release(rec *job.Record) func() {
-	if f.d.Claims == nil || rec.Job.CacheKey == "" {
+	if f.d.Claims == nil || rec.Job.CacheKey == "" || rec.State.Cached.Shared() {
 		return func() {}
 	}
 	key, id := rec.Job.CacheKey, rec.Job.ID
