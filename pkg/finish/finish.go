@@ -43,6 +43,7 @@ var ErrEnded = errors.New("finish: request already ended")
 // Jobs is the live request store.
 type Jobs interface {
 	Apply(ctx context.Context, id string, c job.Change) (string, error)
+	CreateEnded(ctx context.Context, j *job.Job, ev job.Event, idemKey string, end job.Change) (string, bool, error)
 }
 
 // History records a request's outcome in PostgreSQL.
@@ -130,6 +131,43 @@ const opTimeout = 5 * time.Second
 // when the request had already ended, and an error when the terminal write
 // failed (nothing was ended then).
 func (f *Finisher) Finish(ctx context.Context, rec *job.Record, e Ending) error {
+	return f.finish(ctx, rec, e, func(ctx context.Context, c job.Change) error {
+		_, err := f.d.Jobs.Apply(ctx, rec.Job.ID, c)
+		if errors.Is(err, job.ErrTerminal) || errors.Is(err, job.ErrNotFound) {
+			return ErrEnded
+		}
+		return err
+	})
+}
+
+// FinishNew stores request j already ended as e says (a cache hit: one
+// write, not a create and then an ending) and returns its record. With an
+// idempotency key already used by the tenant it stores nothing and returns
+// the earlier request's id and created=false.
+func (f *Finisher) FinishNew(ctx context.Context, j *job.Job, idemKey string, e Ending) (rec *job.Record, otherID string, created bool, err error) {
+	rec = &job.Record{Job: *j, Status: job.StatusQueued}
+	err = f.finish(ctx, rec, e, func(ctx context.Context, c job.Change) error {
+		otherID, created, err = f.d.Jobs.CreateEnded(ctx, j, job.Event{Type: job.EventQueued}, idemKey, c)
+		if err == nil && !created {
+			return errNotCreated
+		}
+		return err
+	})
+	if errors.Is(err, errNotCreated) {
+		return nil, otherID, false, nil
+	}
+	if err != nil {
+		return nil, "", false, err
+	}
+	return rec, "", true, nil
+}
+
+// errNotCreated stops FinishNew after its write when the idempotency key
+// named an earlier request: nothing of j's was stored to account for.
+var errNotCreated = errors.New("finish: not created")
+
+// finish ends rec as e says, with write storing the terminal change.
+func (f *Finisher) finish(ctx context.Context, rec *job.Record, e Ending, write func(context.Context, job.Change) error) error {
 	if !e.Status.Terminal() {
 		return fmt.Errorf("finish %s: status %q is not terminal", rec.Job.ID, e.Status)
 	}
@@ -143,10 +181,10 @@ func (f *Finisher) Finish(ctx context.Context, rec *job.Record, e Ending) error 
 	if e.Status != job.StatusCompleted {
 		public, detail = TenantReason(rec.Job, e.Code, e.Reason), provider.Redact(e.Reason)
 	}
-	_, err := f.d.Jobs.Apply(wctx, rec.Job.ID, job.Change{Status: e.Status, State: &st, Reason: public, Code: e.Code,
+	err := write(wctx, job.Change{Status: e.Status, State: &st, Reason: public, Code: e.Code,
 		Detail: detail, Event: event(e, st, public)})
-	if errors.Is(err, job.ErrTerminal) || errors.Is(err, job.ErrNotFound) {
-		return fmt.Errorf("finish %s: %w", rec.Job.ID, ErrEnded)
+	if errors.Is(err, errNotCreated) {
+		return err
 	}
 	if err != nil {
 		return fmt.Errorf("finish %s: %w", rec.Job.ID, err)

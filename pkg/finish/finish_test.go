@@ -40,6 +40,18 @@ func (f *fakeJobs) Apply(_ context.Context, id string, c job.Change) (string, er
 	return "1-0", nil
 }
 
+func (f *fakeJobs) CreateEnded(_ context.Context, j *job.Job, _ job.Event, idemKey string, end job.Change) (string, bool, error) {
+	if f.err != nil {
+		return "", false, f.err
+	}
+	if idemKey == "used" {
+		return "earlier", false, nil
+	}
+	f.changes = append(f.changes, end)
+	f.ended[j.ID] = true
+	return j.ID, true, nil
+}
+
 type fakeHistory struct{ rows []job.Record }
 
 func (f *fakeHistory) Finished(_ context.Context, rec *job.Record, _ float64) {
@@ -258,4 +270,30 @@ func counter(c prometheus.Counter) float64 {
 		return -1
 	}
 	return m.GetCounter().GetValue()
+}
+
+// A request stored already ended (a cache hit) is accounted as any other
+// ending, once; a retry whose idempotency key names an earlier request
+// stores and accounts nothing.
+func TestFinishNew(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	route := llm.Route{Provider: llm.ProviderClaude, Tier: "sonnet"}
+	hit := job.State{Result: &llm.Response{}, ServedRoute: &route, Cached: job.CachedSemantic}
+	j := &record("n1").Job
+	rec, other, created, err := b.f.FinishNew(context.Background(), j, "", Completed(hit))
+	if err != nil || !created || other != "" || rec.Status != job.StatusCompleted || rec.State.FinishedAt.IsZero() {
+		t.Fatalf("FinishNew: %+v %q %v %v", rec, other, created, err)
+	}
+	if len(b.jobs.changes) != 1 || b.jobs.changes[0].Event.Type != job.EventCompleted || len(b.history.rows) != 1 {
+		t.Fatalf("changes %+v, history %d", b.jobs.changes, len(b.history.rows))
+	}
+	rec, other, created, err = b.f.FinishNew(context.Background(), &record("n2").Job, "used", Completed(hit))
+	if err != nil || created || other != "earlier" || rec != nil || len(b.history.rows) != 1 {
+		t.Fatalf("retry: %+v %q %v %v, history %d", rec, other, created, err, len(b.history.rows))
+	}
+	b.jobs.err = errors.New("redis down")
+	if _, _, _, err := b.f.FinishNew(context.Background(), &record("n3").Job, "", Completed(hit)); err == nil || len(b.history.rows) != 1 {
+		t.Fatalf("a failed write: %v, history %d", err, len(b.history.rows))
+	}
 }

@@ -232,6 +232,19 @@ func (f memFinisher) Finish(ctx context.Context, rec *job.Record, e finish.Endin
 	return err
 }
 
+// FinishNew stores j and ends it (the store does both in one script).
+func (f memFinisher) FinishNew(ctx context.Context, j *job.Job, idemKey string, e finish.Ending) (*job.Record, string, bool, error) {
+	id, created, err := f.jobs.Create(ctx, j, job.Event{Type: job.EventQueued}, idemKey, 0)
+	if err != nil || !created {
+		return nil, id, false, err
+	}
+	rec := &job.Record{Job: *j, Status: job.StatusQueued}
+	if err := f.Finish(ctx, rec, e); err != nil {
+		return nil, "", false, err
+	}
+	return rec, "", true, nil
+}
+
 // memQueue is every queue: intake's, the API's and the hub's positioner.
 type memQueue struct {
 	prefix   string

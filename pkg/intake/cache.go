@@ -32,7 +32,9 @@ func (in *Intake) fromCache(ctx context.Context, j *job.Job, s Submission) (*Acc
 		return nil, false
 	}
 	in.metrics.CacheLookups.WithLabelValues(layer, string(hit.Kind)).Inc()
-	id, created, err := in.jobs.Create(ctx, j, job.Event{Type: job.EventQueued}, s.IdempotencyKey, 0) // answered at once: no share taken
+	// Stored already ended, in one write: answered at once, it takes no
+	// share of the queue.
+	rec, id, created, err := in.finisher.FinishNew(ctx, j, s.IdempotencyKey, finish.Completed(hitState(j, hit)))
 	if err != nil {
 		return nil, false
 	}
@@ -40,25 +42,33 @@ func (in *Intake) fromCache(ctx context.Context, j *job.Job, s Submission) (*Acc
 		a, err := in.existing(ctx, id, s.Lang)
 		return a, err == nil
 	}
-	a, err := in.completeFromHit(ctx, j, hit)
-	return a, err == nil
+	return hitAccepted(rec, hit), true
 }
 
-// completeFromHit ends the stored job j with the cache's answer.
-func (in *Intake) completeFromHit(ctx context.Context, j *job.Job, hit cache.Found) (*Accepted, error) {
+// hitState is the final state of j answered by the cache's hit.
+func hitState(j *job.Job, hit cache.Found) job.State {
 	now := time.Now()
 	route := hit.Answer.Route
 	if route.Provider == "" {
 		route = j.Route
 	}
-	st := job.State{Cached: hit.Kind, Similarity: hit.Similarity, CacheAge: hit.Age, Result: hit.Answer.Response,
+	return job.State{Cached: hit.Kind, Similarity: hit.Similarity, CacheAge: hit.Age, Result: hit.Answer.Response,
 		ServedRoute: &route, StartedAt: now, FinishedAt: now}
+}
+
+// hitAccepted is the answer to a request rec ended by the cache's hit.
+func hitAccepted(rec *job.Record, hit cache.Found) *Accepted {
+	return &Accepted{ID: rec.Job.ID, Status: job.StatusCompleted, Priority: rec.Job.Priority, Cached: hit.Kind,
+		Similarity: hit.Similarity, CacheAge: hit.Age, Result: job.ResultOf(rec.State), Ended: rec}
+}
+
+// completeFromHit ends the stored job j with the cache's answer.
+func (in *Intake) completeFromHit(ctx context.Context, j *job.Job, hit cache.Found) (*Accepted, error) {
 	rec := &job.Record{Job: *j, Status: job.StatusQueued}
-	if err := in.finisher.Finish(ctx, rec, finish.Completed(st)); err != nil {
+	if err := in.finisher.Finish(ctx, rec, finish.Completed(hitState(j, hit))); err != nil {
 		return nil, err
 	}
-	return &Accepted{ID: j.ID, Status: job.StatusCompleted, Priority: j.Priority, Cached: hit.Kind,
-		Similarity: hit.Similarity, CacheAge: hit.Age, Result: job.ResultOf(st), Ended: rec}, nil
+	return hitAccepted(rec, hit), nil
 }
 
 // answeredMeanwhile closes the race between a cache miss and winning the

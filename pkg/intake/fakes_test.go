@@ -191,6 +191,20 @@ func (f *fakeFinisher) Finish(_ context.Context, rec *job.Record, e finish.Endin
 	return err
 }
 
+// FinishNew stores j (fakeJobs.Create, no tenant limit) and ends it, as
+// the store's one script does.
+func (f *fakeFinisher) FinishNew(ctx context.Context, j *job.Job, idemKey string, e finish.Ending) (*job.Record, string, bool, error) {
+	id, created, err := f.jobs.Create(ctx, j, job.Event{Type: job.EventQueued}, idemKey, 0)
+	if err != nil || !created {
+		return nil, id, false, err
+	}
+	rec := &job.Record{Job: *j, Status: job.StatusQueued}
+	if err := f.Finish(ctx, rec, e); err != nil {
+		return nil, "", false, err
+	}
+	return rec, "", true, nil
+}
+
 func (f *fakeFinisher) endings() []ended {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -140,6 +140,7 @@ type Cache interface {
 // Finisher ends requests (pkg/finish).
 type Finisher interface {
 	Finish(ctx context.Context, rec *job.Record, e finish.Ending) error
+	FinishNew(ctx context.Context, j *job.Job, idemKey string, e finish.Ending) (rec *job.Record, otherID string, created bool, err error)
 }
 
 // Coalescer attaches identical in-flight requests to the first one.

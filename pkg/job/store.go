@@ -68,9 +68,12 @@ func (s *Store) Channel() string { return s.prefix + "events" }
 // ARGV[1] job JSON, ARGV[2] status, ARGV[3] event JSON, ARGV[4] channel,
 // ARGV[5] id, ARGV[6] ttl of the idempotency key and an abandoned record (s),
 // ARGV[7] max events, ARGV[8] creation time (Unix ms), ARGV[9] the tenant's
-// limit (0: none), ARGV[10] the prompt's embedding ("" none; see encodeVector)
-// Reply: {1, streamID} created; {0, existingID} idempotency key already
-// used; {2, count} the tenant is at its limit.
+// limit (0: none), ARGV[10] the prompt's embedding ("" none; see encodeVector),
+// ARGV[11] terminal status for a request that ends as it is stored ("" none:
+// it is queued), ARGV[12] its state JSON, ARGV[13] its event JSON, ARGV[14]
+// ttl of the ended record (s), ARGV[15] reason, ARGV[16] code, ARGV[17] detail
+// Reply: {1, streamID of the last event} created; {0, existingID}
+// idempotency key already used; {2, count} the tenant is at its limit.
 var createScript = redis.NewScript(`
 if KEYS[3] ~= KEYS[1] then
   local prev = redis.call("GET", KEYS[3])
@@ -89,17 +92,31 @@ end
 if KEYS[3] ~= KEYS[1] then redis.call("SET", KEYS[3], ARGV[5], "EX", ARGV[6]) end
 redis.call("HSET", KEYS[1], "job", ARGV[1], "status", ARGV[2], "state", "{}")
 if ARGV[10] ~= "" then redis.call("HSET", KEYS[1], "emb", ARGV[10]) end
-redis.call("ZADD", KEYS[4], ARGV[8], ARGV[5])
-if limit > 0 then
-  -- Only a limited tenant's set is kept: nothing would prune an unlimited
-  -- one's.
-  redis.call("ZADD", KEYS[5], ARGV[8], ARGV[5])
-  redis.call("EXPIRE", KEYS[5], ARGV[6])
+local ttl = ARGV[6]
+if ARGV[11] == "" then
+  redis.call("ZADD", KEYS[4], ARGV[8], ARGV[5])
+  if limit > 0 then
+    -- Only a limited tenant's set is kept: nothing would prune an
+    -- unlimited one's.
+    redis.call("ZADD", KEYS[5], ARGV[8], ARGV[5])
+    redis.call("EXPIRE", KEYS[5], ARGV[6])
+  end
+else
+  -- Ended as it is stored (a cache hit): never live, kept as any ended one.
+  ttl = ARGV[14]
+  redis.call("HSET", KEYS[1], "status", ARGV[11], "state", ARGV[12])
+  if ARGV[15] ~= "" then redis.call("HSET", KEYS[1], "reason", ARGV[15]) end
+  if ARGV[16] ~= "" then redis.call("HSET", KEYS[1], "code", ARGV[16]) end
+  if ARGV[17] ~= "" then redis.call("HSET", KEYS[1], "detail", ARGV[17]) end
 end
-redis.call("EXPIRE", KEYS[1], ARGV[6])
+redis.call("EXPIRE", KEYS[1], ttl)
 local sid = redis.call("XADD", KEYS[2], "MAXLEN", "~", ARGV[7], "*", "e", ARGV[3])
-redis.call("EXPIRE", KEYS[2], ARGV[6])
 redis.call("PUBLISH", ARGV[4], ARGV[5] .. " " .. sid .. " " .. ARGV[3])
+if ARGV[11] ~= "" then
+  sid = redis.call("XADD", KEYS[2], "MAXLEN", "~", ARGV[7], "*", "e", ARGV[13])
+  redis.call("PUBLISH", ARGV[4], ARGV[5] .. " " .. sid .. " " .. ARGV[13])
+end
+redis.call("EXPIRE", KEYS[2], ttl)
 return {1, sid}
 `)
 
@@ -114,6 +131,22 @@ var ErrTenantFull = errors.New("job: the tenant has its limit of requests in fli
 // returns ErrTenantFull (the idempotency key is looked up first: a retry of
 // an accepted request gets its id back even then).
 func (s *Store) Create(ctx context.Context, j *Job, ev Event, idemKey string, maxLive int) (id string, created bool, err error) {
+	return s.create(ctx, j, ev, idemKey, maxLive, nil)
+}
+
+// CreateEnded stores a new job that ends as it is stored, as end (whose
+// Status must be terminal) says: its queued event, then end's, in one
+// script (a cache hit is answered with one Redis round trip, not a create
+// and then an ending). The idempotency key works as for Create; no
+// tenant limit applies (the request holds no share of the queue).
+func (s *Store) CreateEnded(ctx context.Context, j *Job, ev Event, idemKey string, end Change) (id string, created bool, err error) {
+	if !end.Status.Terminal() || end.State == nil || end.Event == nil {
+		return "", false, fmt.Errorf("job: create %s ended: a terminal status, a state and an event are required", j.ID)
+	}
+	return s.create(ctx, j, ev, idemKey, 0, &end)
+}
+
+func (s *Store) create(ctx context.Context, j *Job, ev Event, idemKey string, maxLive int, end *Change) (id string, created bool, err error) {
 	ik := s.jobKey(j.ID) // none; not "", whose slot differs (createScript)
 	if idemKey != "" {
 		ik = s.idemKey(j.Tenant, idemKey)
@@ -128,11 +161,16 @@ func (s *Store) Create(ctx context.Context, j *Job, ev Event, idemKey string, ma
 	// reads: as JSON it was most of the record, decoded on every Get.
 	bare := *j
 	bare.Embedding = nil
+	args := []any{mustJSON(&bare), string(StatusQueued), mustJSON(ev), s.Channel(), j.ID, int(ttl.Seconds()) + 1, MaxEvents,
+		j.CreatedAt.UnixMilli(), max(0, maxLive), encodeVector(j.Embedding)}
+	if end != nil {
+		args = append(args, string(end.Status), mustJSON(end.State), s.event(j.ID, *end), max(1, int(s.ttl.Seconds())),
+			end.Reason, string(end.Code), end.Detail)
+	} else {
+		args = append(args, "", "", "", 0, "", "", "")
+	}
 	res, err := createScript.Run(ctx, s.rdb,
-		[]string{s.jobKey(j.ID), s.streamKey(j.ID), ik, s.liveKey(), s.tenantLiveKey(j.Tenant)},
-		mustJSON(&bare), string(StatusQueued), mustJSON(ev), s.Channel(), j.ID, int(ttl.Seconds())+1, MaxEvents,
-		j.CreatedAt.UnixMilli(), max(0, maxLive), encodeVector(j.Embedding),
-	).Slice()
+		[]string{s.jobKey(j.ID), s.streamKey(j.ID), ik, s.liveKey(), s.tenantLiveKey(j.Tenant)}, args...).Slice()
 	if err != nil {
 		return "", false, fmt.Errorf("job: create %s: %w", j.ID, err)
 	}
@@ -196,20 +234,9 @@ type Change struct {
 // Apply applies c unless the request has ended. It returns the event's
 // stream id, ErrTerminal when refused, ErrNotFound when unknown.
 func (s *Store) Apply(ctx context.Context, id string, c Change) (string, error) {
-	state, event, ttl := "", "", 0
+	state, event, ttl := "", s.event(id, c), 0
 	if c.State != nil {
 		state = mustJSON(c.State)
-	}
-	if c.Event != nil {
-		ev := *c.Event
-		ev.RequestID = id
-		if ev.Status == "" {
-			ev.Status = c.Status
-		}
-		if ev.At.IsZero() {
-			ev.At = time.Now()
-		}
-		event = mustJSON(ev)
 	}
 	if c.Status.Terminal() {
 		ttl = int(s.ttl.Seconds())
@@ -230,6 +257,23 @@ func (s *Store) Apply(ctx context.Context, id string, c Change) (string, error) 
 		return "", fmt.Errorf("%w (%s)", ErrTerminal, v)
 	}
 	return v, nil
+}
+
+// event is the JSON of c's event for request id ("" for none): its status
+// is c's unless it names one, its time now unless set.
+func (s *Store) event(id string, c Change) string {
+	if c.Event == nil {
+		return ""
+	}
+	ev := *c.Event
+	ev.RequestID = id
+	if ev.Status == "" {
+		ev.Status = c.Status
+	}
+	if ev.At.IsZero() {
+		ev.At = time.Now()
+	}
+	return mustJSON(ev)
 }
 
 // recordFields are the hash fields of a record Get decodes, in order;

@@ -120,3 +120,50 @@ func TestEmbeddingReadOnlyWhenAsked(t *testing.T) {
 		t.Fatalf("no record: %v", err)
 	}
 }
+
+// A request that ends as it is stored (a cache hit) is one script: the
+// record ended, its queued and terminal events in order, never live, kept
+// for the result TTL, and its idempotency key answers a retry.
+func TestCreateEnded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	s := job.NewStore(rdb, "ce:", time.Hour)
+	j := newJob("h1")
+	j.Embedding = []float32{1, 0}
+	st := job.State{Cached: job.CachedExact, Similarity: 1, Result: &llm.Response{StopReason: llm.StopEndTurn}}
+	end := job.Change{Status: job.StatusCompleted, State: &st, Event: &job.Event{Type: job.EventCompleted}}
+	id, created, err := s.CreateEnded(ctx, j, job.Event{Type: job.EventQueued}, "idem-h", end)
+	if err != nil || !created || id != "h1" {
+		t.Fatalf("CreateEnded: %v %v %v", id, created, err)
+	}
+	rec, err := s.GetWithEmbedding(ctx, "h1")
+	if err != nil || rec.Status != job.StatusCompleted || rec.State.Cached != job.CachedExact || rec.State.Result == nil ||
+		!slices.Equal(rec.Job.Embedding, j.Embedding) {
+		t.Fatalf("record: %+v %v", rec, err)
+	}
+	evs, err := s.Events(ctx, "h1", "")
+	if err != nil || len(evs) != 2 || evs[0].Type != job.EventQueued || evs[1].Type != job.EventCompleted ||
+		evs[1].Status != job.StatusCompleted {
+		t.Fatalf("events: %+v %v", evs, err)
+	}
+	if live, err := s.Live(ctx, time.Now().Add(time.Hour), 10); err != nil || len(live) != 0 {
+		t.Fatalf("an ended request is live: %v %v", live, err)
+	}
+	for _, key := range []string{"ce:job:h1", "ce:ev:h1"} {
+		if ttl := rdb.TTL(ctx, key).Val(); ttl <= 59*time.Minute || ttl > time.Hour {
+			t.Fatalf("%s kept for %s, want the result TTL (1h)", key, ttl)
+		}
+	}
+	// A late ending is refused as for any ended request.
+	if _, err := s.Apply(ctx, "h1", job.Change{Status: job.StatusFailed}); !errors.Is(err, job.ErrTerminal) {
+		t.Fatalf("second ending: %v", err)
+	}
+	id, created, err = s.CreateEnded(ctx, newJob("h2"), job.Event{Type: job.EventQueued}, "idem-h", end)
+	if err != nil || created || id != "h1" {
+		t.Fatalf("retry with the idempotency key: %v %v %v", id, created, err)
+	}
+	if _, _, err := s.CreateEnded(ctx, newJob("h3"), job.Event{}, "", job.Change{Status: job.StatusRunning, State: &st, Event: &job.Event{}}); err == nil {
+		t.Fatal("a request cannot be stored ended as running")
+	}
+}
