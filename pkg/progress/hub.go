@@ -18,6 +18,7 @@ package progress
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -146,6 +147,13 @@ func (s *Sub) Close() {
 // subscriber; it must then replay from the store.
 func (s *Sub) Lagged() bool { return s.lagged.Swap(false) }
 
+// follows reports whether request id has a subscriber here.
+func (h *Hub) follows(id string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.subs[id]) > 0
+}
+
 func (h *Hub) deliver(id string, ev job.Event) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -210,6 +218,12 @@ func (h *Hub) Run(ctx context.Context) error {
 					case h.kick <- struct{}{}:
 					default:
 					}
+					continue
+				}
+				// Every API process hears every event of the fleet; most
+				// are for requests nobody here follows, so the id is
+				// looked up before the event is decoded.
+				if id, _, _ := strings.Cut(m.Payload, " "); !h.follows(id) {
 					continue
 				}
 				id, ev, err := job.ParseMessage(m.Payload)

@@ -1,6 +1,7 @@
 package progress
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -60,6 +61,7 @@ type fixture struct {
 	store *job.Store
 	pos   *fakePositioner
 	hub   *Hub
+	logs  *logBuffer
 }
 
 func newFixture(t *testing.T, cfg Config) *fixture {
@@ -85,8 +87,27 @@ func newFixture(t *testing.T, cfg Config) *fixture {
 	if cfg.KeepAlive == 0 {
 		cfg.KeepAlive = time.Hour
 	}
-	return &fixture{rdb: rdb, name: hubOpt.ClientName, store: store, pos: pos,
-		hub: New(hubRDB, pos, cfg, slog.New(slog.DiscardHandler))}
+	logs := &logBuffer{}
+	return &fixture{rdb: rdb, name: hubOpt.ClientName, store: store, pos: pos, logs: logs,
+		hub: New(hubRDB, pos, cfg, slog.New(slog.NewTextHandler(logs, nil)))}
+}
+
+// logBuffer is a concurrency-safe log sink.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (l *logBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
 }
 
 // run starts the hub and waits until Redis counts its subscriptions; the
@@ -259,6 +280,29 @@ func TestHubSkipsBadMessages(t *testing.T) {
 	f.create(t, "req-a")
 	if ev := recv(t, s); ev.Type != job.EventQueued || s.Lagged() {
 		t.Fatalf("after bad messages: %+v (lagged %v)", ev, s.Lagged())
+	}
+}
+
+// Every API process hears every event of the fleet: one for a request
+// nobody here follows is not even decoded (a malformed one goes
+// unnoticed), while a followed request's is.
+func TestHubDecodesOnlyFollowedRequests(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, Config{})
+	f.run(t)
+	s := f.hub.Subscribe("req-a", "en")
+	defer s.Close()
+	for _, msg := range []string{"req-elsewhere 1-0 {not json", "req-a 1-0 {not json"} {
+		if err := f.rdb.Publish(context.Background(), f.store.Channel(), msg).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.create(t, "req-a")
+	if ev := recv(t, s); ev.Type != job.EventQueued {
+		t.Fatalf("event %+v", ev)
+	}
+	if n := strings.Count(f.logs.String(), "bad event message"); n != 1 {
+		t.Fatalf("%d bad messages decoded, want only the followed request's:\n%s", n, f.logs.String())
 	}
 }
 
