@@ -2,8 +2,10 @@
 // once, as completed, failed (with a typed job.Code) or cancelled, and
 // every ending goes through Finisher.Finish, whoever ends it: the worker
 // (an answer, a provider error, a deadline), the expiry and orphan sweeps,
-// a caller's cancel, a cache hit, or the end of the request it was
-// coalesced with. Finish writes the terminal record and event (one Lua
+// a caller's cancel, or the end of the request it was coalesced with. A
+// cache hit at intake, which ends before it was ever stored, goes through
+// Finisher.FinishNew: the same ending, written with the record in one
+// script. Finish writes the terminal record and event (one Lua
 // script in pkg/job, which refuses a second ending; the caller is answered
 // from it), then the history row and the metrics, stores a provider's
 // answer in the cache, and releases the request's coalescing claim.
