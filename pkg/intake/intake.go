@@ -339,12 +339,19 @@ func (in *Intake) enqueue(ctx context.Context, j *job.Job, s Submission) (*Accep
 
 func (in *Intake) position(ctx context.Context, a *Accepted, lang string) {
 	sp, err := in.queue.SpotOf(ctx, a.ID)
+	if err == nil && sp.Position == 0 {
+		// Taken by a worker: it either holds a slot or is about to wait
+		// for one, which the slots' line shows a few milliseconds later
+		// (a storm's request read here in between was promised no wait
+		// and waited 4.5 s). One more read tells them apart.
+		sp, err = in.queue.SpotOf(ctx, a.ID)
+	}
 	if err != nil {
 		in.logger.Warn("intake: queue position", "request_id", a.ID, "err", err)
 		return
 	}
 	if sp.Position == 0 {
-		sp.Position = 1 // already taken by a worker
+		sp.Position = 1 // started
 	}
 	a.Position, a.ETA = sp.Position, sp.ETA
 	a.Message = progress.QueuedMessage(lang, sp.Position, progress.WaitSeconds(sp.ETA))

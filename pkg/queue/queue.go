@@ -363,7 +363,7 @@ func (q *Queue) Spots(ctx context.Context) (map[string]Spot, error) {
 	if err != nil {
 		return nil, err
 	}
-	d := newDrain(rate, occ.Ages)
+	d := newDrain(rate, append(occ.Ages, joining(lists, waiting, occ.Free)...))
 	out := map[string]Spot{}
 	ahead := 0 // requests before the current one
 	for _, p := range priority.All {
@@ -373,6 +373,21 @@ func (q *Queue) Spots(ctx context.Context) (map[string]Spot, error) {
 		}
 	}
 	return out, nil
+}
+
+// joining returns the holds about to begin: the free slots queued requests
+// take at once, as holds of age 0. Without them a cold start's model saw
+// the few slots taken in the first milliseconds as all there would be
+// (mean hold = in use ÷ rate, a fraction of a call) and promised the
+// first waiters a release long before any call could end.
+func joining(lists map[priority.Priority]*redis.StringSliceCmd, waiting map[priority.Priority][]string,
+	free map[priority.Priority]int) []time.Duration {
+	queued, most := 0, 0
+	for _, p := range priority.All {
+		queued += len(lists[p].Val()) + len(waiting[p])
+		most = max(most, free[p])
+	}
+	return make([]time.Duration, min(queued, most))
 }
 
 // inTurn returns one priority's queued requests in the order they will get

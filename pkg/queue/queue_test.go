@@ -123,12 +123,14 @@ func TestSlotWaitersAreQueued(t *testing.T) {
 		}
 	}
 	// l1 is sixth, but three slots LOW could take are free: its turn is
-	// third, at the fallback rate of 1/s.
-	if got := spots["l1"].ETA; got != 3*time.Second {
-		t.Errorf("ETA of l1 = %s, want 3s (turn 3 at 1/s)", got)
+	// third. Those three slots are about to be taken (holds of age 0, a
+	// mean hold of 3 slots / 1/s, the fallback rate): the first release
+	// is expected at 2 s, then one a second.
+	if got := spots["l1"].ETA; got != 4*time.Second {
+		t.Errorf("ETA of l1 = %s, want 4s (turn 3: 2 s + 2 releases at 1/s)", got)
 	}
-	if got := spots["n1"].ETA; got != 5*time.Second {
-		t.Errorf("ETA of n1 = %s, want 5s (no free NORMAL slot)", got)
+	if got := spots["n1"].ETA; got != 6*time.Second {
+		t.Errorf("ETA of n1 = %s, want 6s (no free NORMAL slot: turn 5)", got)
 	}
 	if err := q.Admit(ctx); !errors.Is(err, queue.ErrQueueFull) {
 		t.Fatalf("6 waiting of 6: Admit = %v, want queue full", err)
