@@ -1,7 +1,6 @@
 package cache
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -36,7 +35,7 @@ type bundle struct {
 	cache *Cache
 	pool  *pgxpool.Pool
 	emb   embed.Embedder
-	logs  *logBuffer
+	logs  *testenv.LogBuffer
 }
 
 // newPool returns a pool on dsn built the way the application must build
@@ -57,29 +56,11 @@ func setup(t testing.TB, cfg Config) *bundle {
 	pool := newPool(t, testenv.Postgres(t), cfg)
 	emb, err := embed.NewLocal(0)
 	require.NoError(t, err)
-	logs := &logBuffer{}
+	logs := &testenv.LogBuffer{}
 	c, err := New(context.Background(), pool, emb, cfg, slog.New(slog.NewTextHandler(logs, nil)))
 	require.NoError(t, err)
 	t.Cleanup(c.Stop)
 	return &bundle{cache: c, pool: pool, emb: emb, logs: logs}
-}
-
-// logBuffer is a concurrency-safe log sink.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
 }
 
 func cosine(a, b []float32) float64 {
@@ -642,7 +623,7 @@ func TestFailOpen(t *testing.T) {
 	t.Cleanup(pool.Close)
 
 	emb, _ := embed.NewLocal(0)
-	logs := &logBuffer{}
+	logs := &testenv.LogBuffer{}
 	c, err := New(context.Background(), pool, emb, Config{FailLogInterval: time.Hour}, slog.New(slog.NewTextHandler(logs, nil)))
 	require.NoError(t, err)
 	ctx := context.Background()
@@ -680,7 +661,7 @@ func TestFailOpen(t *testing.T) {
 
 func TestFailLogLimiter(t *testing.T) {
 	t.Parallel()
-	logs := &logBuffer{}
+	logs := &testenv.LogBuffer{}
 	c := &Cache{cfg: Config{FailLogInterval: time.Nanosecond}.WithDefaults(), logger: slog.New(slog.NewTextHandler(logs, nil))}
 	for range 3 {
 		c.fail(context.Background(), errors.New("boom"))
@@ -722,7 +703,7 @@ func TestIndexIsUsable(t *testing.T) {
 
 	// Other build parameters do not rebuild the index behind the
 	// operator's back: Prepare says how, and the statements it gives work.
-	logs := &logBuffer{}
+	logs := &testenv.LogBuffer{}
 	_, err := New(ctx, b.pool, b.emb, Config{IndexM: 8, IndexEfConstruction: 32}, slog.New(slog.NewTextHandler(logs, nil)))
 	require.NoError(t, err)
 	require.Contains(t, logs.String(), "other parameters than configured")
@@ -733,7 +714,7 @@ func TestIndexIsUsable(t *testing.T) {
 		_, err := b.pool.Exec(ctx, stmt)
 		require.NoError(t, err, stmt)
 	}
-	logs = &logBuffer{}
+	logs = &testenv.LogBuffer{}
 	_, err = New(ctx, b.pool, b.emb, Config{IndexM: 8, IndexEfConstruction: 32}, slog.New(slog.NewTextHandler(logs, nil)))
 	require.NoError(t, err)
 	require.NotContains(t, logs.String(), "other parameters", "after the rebuild")

@@ -1,7 +1,6 @@
 package progress
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -61,7 +60,7 @@ type fixture struct {
 	store *job.Store
 	pos   *fakePositioner
 	hub   *Hub
-	logs  *logBuffer
+	logs  *testenv.LogBuffer
 }
 
 func newFixture(t *testing.T, cfg Config) *fixture {
@@ -87,27 +86,9 @@ func newFixture(t *testing.T, cfg Config) *fixture {
 	if cfg.KeepAlive == 0 {
 		cfg.KeepAlive = time.Hour
 	}
-	logs := &logBuffer{}
+	logs := &testenv.LogBuffer{}
 	return &fixture{rdb: rdb, name: hubOpt.ClientName, store: store, pos: pos, logs: logs,
 		hub: New(hubRDB, pos, cfg, slog.New(slog.NewTextHandler(logs, nil)))}
-}
-
-// logBuffer is a concurrency-safe log sink.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
 }
 
 // run starts the hub and waits until Redis counts its subscriptions; the

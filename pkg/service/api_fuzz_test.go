@@ -83,9 +83,7 @@ func (fa *fuzzAPI) do(t testing.TB, method, path, token string, hdr http.Header,
 
 // resetLogs forgets the log lines of earlier inputs.
 func (fa *fuzzAPI) resetLogs() {
-	fa.s.logs.mu.Lock()
-	fa.s.logs.b.Reset()
-	fa.s.logs.mu.Unlock()
+	fa.s.logs.Reset()
 }
 
 // badLogs returns the log lines since resetLogs that no input may cause: a

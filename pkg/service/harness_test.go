@@ -41,7 +41,7 @@ type system struct {
 	doc     string // the configuration file's text, for worker subprocesses
 	redis   *redis.Options
 	pgDSN   string
-	logs    *syncBuffer
+	logs    *testenv.LogBuffer
 	apis    []*apiProc
 	workers []*service.Base
 	quiet   bool // opts.quiet
@@ -97,7 +97,7 @@ keys:
 // of their own (tenantYML).
 func newSystem(t testing.TB, o opts) *system {
 	t.Helper()
-	s := &system{t: t, pgDSN: testenv.Postgres(t), logs: &syncBuffer{}, quiet: o.quiet}
+	s := &system{t: t, pgDSN: testenv.Postgres(t), logs: &testenv.LogBuffer{}, quiet: o.quiet}
 	redisYML := o.redisYML
 	if redisYML == "" {
 		s.redis = testenv.RedisOptions(t)
@@ -392,23 +392,6 @@ func (p *apiProc) waitStatus(t testing.TB, id string, timeout time.Duration, wan
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func stringsContains(s, sub string) bool { return strings.Contains(s, sub) }
