@@ -141,6 +141,15 @@ func clusterRequests(t *testing.T, apis []*apiProc) {
 		}
 	}
 	next(t, ch, 10*time.Second, "completed")
+
+	// A cache hit is stored ended in one script (job.Store.CreateEnded):
+	// the identical prompt again, once its answer is in the cache.
+	waitFor(t, 10*time.Second, "an exact cache hit", func() bool {
+		id := apis[0].submit(t, ask(same))
+		out := waitStatusAs(t, apis[1], devToken, id, 10*time.Second)
+		res, _ := out["result"].(map[string]any)
+		return out["status"] == "completed" && res["cached"] == "exact"
+	})
 }
 
 // waitStatusAs polls GET as token until the request has ended.
