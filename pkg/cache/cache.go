@@ -285,7 +285,7 @@ func (c *Cache) checkIndexParams(ctx context.Context) {
 		c.logger.Warn("cache: could not read the HNSW index's parameters", "index", c.indexName, "err", err)
 		return
 	}
-	m, ef := IndexMDefault, IndexEfBuildDefault // pgvector's when none is set
+	m, ef := IndexMDefault, IndexEfConstructionDefault // pgvector's when none is set
 	for _, o := range opts {
 		k, v, _ := strings.Cut(o, "=")
 		n, _ := strconv.Atoi(v)

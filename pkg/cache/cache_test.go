@@ -688,7 +688,7 @@ func TestIndexIsUsable(t *testing.T) {
 	var def string
 	require.NoError(t, b.pool.QueryRow(ctx, "SELECT indexdef FROM pg_indexes WHERE indexname = $1", IndexName(b.emb.Name())).Scan(&def))
 	require.Contains(t, def, fmt.Sprintf("USING hnsw (((embedding)::vector(384)) vector_cosine_ops) WITH (m='%d', ef_construction='%d') WHERE (embedder = 'local-ngram-384'::text)",
-		IndexMDefault, IndexEfBuildDefault))
+		IndexMDefault, IndexEfConstructionDefault))
 
 	// New is idempotent, also for a second embedder with its own index.
 	emb2, _ := embed.NewLocal(64)

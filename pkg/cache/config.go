@@ -21,17 +21,17 @@ const (
 // Defaults of Config. The pgvector settings are the ones measured in
 // DESIGN.md ("pgvector facts").
 const (
-	ThresholdDefault       = 0.95
-	DefaultLayerDefault    = LayerAgent
-	EfSearchDefault        = 40
-	MaxScanTuplesDefault   = 5000
-	SmallScopeRowsDefault  = 500
-	CandidatesDefault      = 5
-	IndexMDefault          = 16
-	IndexEfBuildDefault    = 64
-	FailLogIntervalDefault = time.Minute
-	QueryTimeoutDefault    = 500 * time.Millisecond
-	HitFlushDefault        = time.Second
+	ThresholdDefault           = 0.95
+	DefaultLayerDefault        = LayerAgent
+	EfSearchDefault            = 40
+	MaxScanTuplesDefault       = 5000
+	SmallScopeRowsDefault      = 500
+	CandidatesDefault          = 5
+	IndexMDefault              = 16
+	IndexEfConstructionDefault = 64
+	FailLogIntervalDefault     = time.Minute
+	QueryTimeoutDefault        = 500 * time.Millisecond
+	HitFlushDefault            = time.Second
 )
 
 // TTLDefault returns the default time to live per layer: router 24 h, agent
@@ -134,7 +134,7 @@ type Config struct {
 	// IndexM and IndexEfConstruction are the HNSW index's build
 	// parameters (pgvector's m, 2..100, and ef_construction, at least
 	// 2*m): the cost of every store's index insert against the graph's
-	// quality. Defaults IndexMDefault and IndexEfBuildDefault (pgvector's
+	// quality. Defaults IndexMDefault and IndexEfConstructionDefault (pgvector's
 	// own). They apply when the index is created: Prepare warns, with the
 	// statements that rebuild it, when it was built with others.
 	IndexM              int `yaml:"index_m"`
@@ -199,7 +199,7 @@ func (c Config) WithDefaults() Config {
 		c.IndexM = IndexMDefault
 	}
 	if c.IndexEfConstruction == 0 {
-		c.IndexEfConstruction = max(IndexEfBuildDefault, 2*c.IndexM)
+		c.IndexEfConstruction = max(IndexEfConstructionDefault, 2*c.IndexM)
 	}
 	if c.QueryTimeout == 0 {
 		c.QueryTimeout = QueryTimeoutDefault
