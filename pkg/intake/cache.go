@@ -39,7 +39,7 @@ func (in *Intake) fromCache(ctx context.Context, j *job.Job, s Submission) (*Acc
 		return nil, false
 	}
 	if !created {
-		a, err := in.existing(ctx, id, s.Lang)
+		a, err := in.existing(ctx, id, s)
 		return a, err == nil
 	}
 	return hitAccepted(rec, hit), true
@@ -146,7 +146,7 @@ func (in *Intake) coalesce(ctx context.Context, j *job.Job, s Submission) (*Acce
 		}
 	}
 	a := &Accepted{ID: j.ID, Status: lrec.Status, Priority: j.Priority, CoalescedInto: leader}
-	if lrec.Status == job.StatusQueued {
+	if lrec.Status == job.StatusQueued && !s.Waited {
 		in.leaderSpot(ctx, a, leader, s.Lang)
 	}
 	return a, true, nil

@@ -216,8 +216,7 @@ type fakeQueue struct {
 	mu         sync.Mutex
 	admitErr   error
 	enqueueErr error
-	spot       queue.Spot   // every request's
-	spotsNext  []queue.Spot // the next SpotOf answers, before spot
+	spot       queue.Spot // every request's
 	rate       float64
 	enqueued   []task
 	cancelled  []task
@@ -247,11 +246,6 @@ func (q *fakeQueue) Enqueue(_ context.Context, id string, p priority.Priority, _
 func (q *fakeQueue) SpotOf(context.Context, string) (queue.Spot, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if len(q.spotsNext) > 0 {
-		sp := q.spotsNext[0]
-		q.spotsNext = q.spotsNext[1:]
-		return sp, nil
-	}
 	return q.spot, nil
 }
 

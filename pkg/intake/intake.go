@@ -263,7 +263,7 @@ func (in *Intake) Submit(ctx context.Context, t Tenant, s Submission) (*Accepted
 			return nil, err
 		}
 		if id != "" {
-			return in.existing(ctx, id, s.Lang)
+			return in.existing(ctx, id, s)
 		}
 	}
 	if in.limiter != nil && t.RateLimitRPM > 0 {
@@ -298,7 +298,7 @@ func (in *Intake) Submit(ctx context.Context, t Tenant, s Submission) (*Accepted
 		return nil, err
 	}
 	if !created {
-		return in.existing(ctx, id, s.Lang)
+		return in.existing(ctx, id, s)
 	}
 	if a, ok, err := in.coalesce(ctx, j, s); err != nil || ok {
 		return a, err
@@ -339,13 +339,6 @@ func (in *Intake) enqueue(ctx context.Context, j *job.Job, s Submission) (*Accep
 
 func (in *Intake) position(ctx context.Context, a *Accepted, lang string) {
 	sp, err := in.queue.SpotOf(ctx, a.ID)
-	if err == nil && sp.Position == 0 {
-		// Taken by a worker: it either holds a slot or is about to wait
-		// for one, which the slots' line shows a few milliseconds later
-		// (a storm's request read here in between was promised no wait
-		// and waited 4.5 s). One more read tells them apart.
-		sp, err = in.queue.SpotOf(ctx, a.ID)
-	}
 	if err != nil {
 		in.logger.Warn("intake: queue position", "request_id", a.ID, "err", err)
 		return
@@ -399,7 +392,10 @@ func (in *Intake) markDegraded(a *Accepted, st breaker.Status, lang string) {
 	a.Message = progress.DegradedMessage(lang)
 }
 
-func (in *Intake) existing(ctx context.Context, id, lang string) (*Accepted, error) {
+// existing answers a submission that names an earlier request (its
+// idempotency key), with that request's place unless the caller waits
+// for the answer.
+func (in *Intake) existing(ctx context.Context, id string, s Submission) (*Accepted, error) {
 	rec, err := in.jobs.Get(ctx, id)
 	if err != nil {
 		return nil, err
@@ -411,14 +407,14 @@ func (in *Intake) existing(ctx context.Context, id, lang string) (*Accepted, err
 		a.CoalescedInto = leader
 		if lrec, err := in.jobs.Get(ctx, leader); err == nil {
 			a.Status = lrec.Status
-			if lrec.Status == job.StatusQueued {
-				in.leaderSpot(ctx, a, leader, lang)
+			if lrec.Status == job.StatusQueued && !s.Waited {
+				in.leaderSpot(ctx, a, leader, s.Lang)
 			}
 		}
 		return a, nil
 	}
-	if rec.Status == job.StatusQueued {
-		in.position(ctx, a, lang)
+	if rec.Status == job.StatusQueued && !s.Waited {
+		in.position(ctx, a, s.Lang)
 	}
 	return a, nil
 }

@@ -112,15 +112,6 @@ func TestSubmitQueued(t *testing.T) {
 	if c := r.submit(t, demo, ask("third")); c.Position != 1 || c.Message != progress.QueuedMessage("en", 1, 0) {
 		t.Fatalf("taken at once: position %d, %q", c.Position, c.Message)
 	}
-
-	// Taken by a worker between two reads, then in the slots' line: the
-	// second read's spot, not "no wait".
-	r.queue.mu.Lock()
-	r.queue.spotsNext = []queue.Spot{{}, {Position: 7, ETA: 3 * time.Second}}
-	r.queue.mu.Unlock()
-	if d := r.submit(t, demo, ask("fourth")); d.Position != 7 || d.ETA != 3*time.Second {
-		t.Fatalf("waiting for a slot: position %d, ETA %s", d.Position, d.ETA)
-	}
 }
 
 // A retry with the same Idempotency-Key gets the first request back, even

@@ -424,13 +424,23 @@ func b2i(b bool) int {
 	return 0
 }
 
-// SpotOf returns one request's spot; a zero Spot when it is not queued.
+// SpotOf returns one request's spot; a zero Spot when it is not queued
+// (started). A request whose task has just left asynq is in neither
+// asynq's list nor the slots' line for the few milliseconds before its
+// worker asks for a slot (a storm's request read then was promised no
+// wait and waited 4.5 s): when others are queued, so that it may well
+// wait too, one more read tells it from a started one.
 func (q *Queue) SpotOf(ctx context.Context, id string) (Spot, error) {
-	spots, err := q.Spots(ctx)
-	if err != nil {
-		return Spot{}, err
+	for try := 0; ; try++ {
+		spots, err := q.Spots(ctx)
+		if err != nil {
+			return Spot{}, err
+		}
+		sp, ok := spots[id]
+		if ok || len(spots) == 0 || try == 1 {
+			return sp, nil
+		}
 	}
-	return spots[id], nil
 }
 
 // Pending returns the ids of p's pending requests, oldest first.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -92,6 +93,45 @@ func (f fakeWaiters) Waiting(context.Context) (map[priority.Priority][]string, e
 // plain drain-rate one.
 func (f fakeWaiters) Occupancy(context.Context) (slots.Occupancy, error) {
 	return slots.Occupancy{Free: f.free}, nil
+}
+
+// lateWaiter is a worker that took "late" from asynq and asks for its slot
+// only after the first read of the line.
+type lateWaiter struct {
+	fakeWaiters
+	reads atomic.Int32
+}
+
+func (l *lateWaiter) Waiting(ctx context.Context) (map[priority.Priority][]string, error) {
+	if l.reads.Add(1) == 1 {
+		return l.fakeWaiters.Waiting(ctx)
+	}
+	return map[priority.Priority][]string{priority.Low: {"late"}}, nil
+}
+
+// A request caught between asynq's list and the slots' line, while others
+// are queued, is read again and gets its place (waiters before pending)
+// rather than "started"; with
+// nothing queued a request not found has started, and is read once.
+func TestSpotOfRereadsARequestBetweenQueues(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := &lateWaiter{fakeWaiters: fakeWaiters{free: map[priority.Priority]int{}}}
+	q := queue.New(testenv.Redis(t), queue.Config{Prefix: "t:", Waiters: w})
+	defer q.Close()
+	if err := q.Enqueue(ctx, "other", priority.Low, 0); err != nil {
+		t.Fatal(err)
+	}
+	if sp, err := q.SpotOf(ctx, "late"); err != nil || sp.Position != 1 || sp.ETA == 0 || w.reads.Load() != 2 {
+		t.Fatalf("caught between: %+v %v after %d reads", sp, err, w.reads.Load())
+	}
+
+	idle := &lateWaiter{fakeWaiters: fakeWaiters{free: map[priority.Priority]int{priority.Low: 1}}}
+	q2 := queue.New(testenv.Redis(t), queue.Config{Prefix: "t2:", Waiters: idle})
+	defer q2.Close()
+	if sp, err := q2.SpotOf(ctx, "started"); err != nil || sp.Position != 0 || idle.reads.Load() != 1 {
+		t.Fatalf("nothing queued: %+v %v after %d reads", sp, err, idle.reads.Load())
+	}
 }
 
 // A request waiting for a slot left asynq before any pending one of its
