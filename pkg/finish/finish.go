@@ -185,9 +185,6 @@ func (f *Finisher) finish(ctx context.Context, rec *job.Record, e Ending, write 
 	}
 	err := write(wctx, job.Change{Status: e.Status, State: &st, Reason: public, Code: e.Code,
 		Detail: detail, Event: event(e, st, public)})
-	if errors.Is(err, errNotCreated) {
-		return err
-	}
 	if err != nil {
 		return fmt.Errorf("finish %s: %w", rec.Job.ID, err)
 	}
@@ -207,7 +204,7 @@ func (f *Finisher) finish(ctx context.Context, rec *job.Record, e Ending, write 
 // the moments in between (an identical request arriving then joins this
 // one and takes its answer from the record).
 func (f *Finisher) store(ctx context.Context, rec *job.Record, release func()) {
-	if f.d.Answers == nil || rec.Status != job.StatusCompleted || rec.State.Cached.OrNone() != job.CachedNone {
+	if f.d.Answers == nil || rec.Status != job.StatusCompleted || rec.State.Cached.Shared() {
 		release()
 		return
 	}

@@ -258,7 +258,9 @@ func (s *Server) await(ctx context.Context, a *intake.Accepted) (*job.Record, er
 		if st.Terminal() {
 			return s.d.Jobs.Get(ctx, follow)
 		}
-		// Wait for the ending event, or for a resync (events were lost).
+		// Wait for the ending event (the record is ended before it is
+		// published), or for a resync (events were lost): then the status
+		// again.
 		for waiting := true; waiting; {
 			select {
 			case <-ctx.Done():
@@ -266,19 +268,13 @@ func (s *Server) await(ctx context.Context, a *intake.Accepted) (*job.Record, er
 			case <-timer.C:
 				return nil, errStillQueued
 			case ev := <-sub.C:
-				waiting = !ends(ev) && ev.Type != "resync" && !sub.Lagged()
+				if ev.ID != "" && terminal(ev.Type) {
+					return s.d.Jobs.Get(ctx, follow)
+				}
+				waiting = ev.Type != "resync" && !sub.Lagged()
 			}
 		}
 	}
-}
-
-// ends reports whether ev is a request's last stored event.
-func ends(ev job.Event) bool {
-	switch ev.Type {
-	case job.EventCompleted, job.EventFailed, job.EventCancelled:
-		return ev.ID != ""
-	}
-	return false
 }
 
 // retryHint is when a still-queued request is likely done.
