@@ -113,13 +113,7 @@ func (c *Cache) StoreAnswer(ctx context.Context, rec *job.Record, then func()) e
 	defer then()
 	qctx, cancel := context.WithTimeout(ctx, c.cfg.QueryTimeout)
 	defer cancel()
-	if _, err := c.pool.Exec(qctx, c.sqlStore, args...); err != nil {
-		err = fmt.Errorf("cache: store: %w: %w", ErrUnavailable, err)
-		c.fail(ctx, err)
-		return err
-	}
-	c.stores.Add(1)
-	return nil
+	return c.insert(qctx, args)
 }
 
 // splitPrompt separates what is embedded (the last turn: the question)

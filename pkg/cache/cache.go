@@ -540,7 +540,13 @@ func (c *Cache) Store(ctx context.Context, k Key, emb []float32, response json.R
 	}
 	qctx, cancel := context.WithTimeout(ctx, c.cfg.QueryTimeout)
 	defer cancel()
-	if _, err = c.pool.Exec(qctx, c.sqlStore, args...); err != nil {
+	return c.insert(qctx, args)
+}
+
+// insert writes one entry (sqlStore's arguments) and counts it; a failure
+// is counted, logged (rate-limited) and returned wrapping ErrUnavailable.
+func (c *Cache) insert(ctx context.Context, args []any) error {
+	if _, err := c.pool.Exec(ctx, c.sqlStore, args...); err != nil {
 		err = fmt.Errorf("cache: store: %w: %w", ErrUnavailable, err)
 		c.fail(ctx, err)
 		return err

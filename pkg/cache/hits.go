@@ -91,9 +91,10 @@ type runner struct {
 	done   chan struct{}      // guarded by mu; closed when the goroutine ends
 }
 
-// Start starts the background writer of hit counts, which flushes every
-// HitFlushInterval until ctx ends or Stop is called. Without it hit counts
-// are written only by FlushHits. Calling Start on a started Cache does
+// Start starts the background writers: of hit counts, which flushes every
+// HitFlushInterval until ctx ends or Stop is called (without it hit counts
+// are written only by FlushHits), and of answers (writer.go; without it
+// StoreAnswer inserts at once). Calling Start on a started Cache does
 // nothing.
 func (c *Cache) Start(ctx context.Context) error {
 	c.run.mu.Lock()

@@ -3,7 +3,6 @@ package cache
 import (
 	"context"
 	"errors"
-	"fmt"
 
 	"github.com/jackc/pgx/v5"
 
@@ -21,6 +20,7 @@ import (
 // other. When PostgreSQL falls behind, the queue fills and answers are
 // not stored (counted in Stats.StoresShed): under overload the cache
 // sheds its own writes rather than slowing every request.
+
 // pendingAnswer is one queued insert and what runs after it.
 type pendingAnswer struct {
 	args []any
@@ -85,10 +85,6 @@ func (c *Cache) writeBatch(batch []pendingAnswer) {
 		return
 	}
 	for _, p := range batch {
-		if _, err := c.pool.Exec(ctx, c.sqlStore, p.args...); err != nil {
-			c.fail(ctx, fmt.Errorf("cache: store: %w: %w", ErrUnavailable, err))
-			continue
-		}
-		c.stores.Add(1)
+		_ = c.insert(ctx, p.args) // one refused entry costs only itself; insert counts and logs it
 	}
 }
