@@ -121,8 +121,9 @@ func mustDone(t *testing.T, p *Permit, o Outcome) {
 	}
 }
 
-// waitFor polls cond until it holds or 5 s pass. Only the real-time test
-// needs it; the others move the clock with advance.
+// waitFor polls cond until it holds or 5 s pass: for what another Set
+// learns through Redis (the real-time test, the watched views); the
+// others move the clock with advance.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)

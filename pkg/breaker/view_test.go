@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -53,7 +52,7 @@ func watched(t *testing.T, n int) ([]*Set, []*scripts) {
 		done := make(chan struct{})
 		go func() { defer close(done); s.Watch(ctx) }()
 		t.Cleanup(func() { cancel(); <-done })
-		waitUntil(t, "the Set to watch", func() bool {
+		waitFor(t, "the Set to watch", func() bool {
 			s.views.mu.Lock()
 			defer s.views.mu.Unlock()
 			return s.views.watching
@@ -61,17 +60,6 @@ func watched(t *testing.T, n int) ([]*Set, []*scripts) {
 		sets, counts = append(sets, s), append(counts, cnt)
 	}
 	return sets, counts
-}
-
-func waitUntil(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
 
 func known(s *Set, name string) bool { _, ok := s.views.healthy(name); return ok }
@@ -122,7 +110,7 @@ func TestWatchedFailureReachesOtherSets(t *testing.T) {
 		}
 	}
 	fail(a)
-	waitUntil(t, "b to hear of a's failure", func() bool { return !known(b, name) })
+	waitFor(t, "b to hear of a's failure", func() bool { return !known(b, name) })
 	if err := mustAllow(t, b, name, false).Done(ctx, Success); err != nil { // resets the count
 		t.Fatal(err)
 	}
@@ -133,7 +121,7 @@ func TestWatchedFailureReachesOtherSets(t *testing.T) {
 		t.Fatalf("after failure, success, failure, failure: %+v %v; b's success must have reset the count", st, err)
 	}
 	fail(a) // the third in a row opens it
-	waitUntil(t, "b to hear of the opening", func() bool { return !known(b, name) })
+	waitFor(t, "b to hear of the opening", func() bool { return !known(b, name) })
 	if _, err := b.Allow(ctx, name); err == nil {
 		t.Fatal("b admitted a call through an open breaker")
 	}

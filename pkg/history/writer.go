@@ -25,6 +25,7 @@ import (
 // killed with rows still queued loses them, as a kill between the
 // terminal record and the synchronous insert did before (at most one
 // batch: the rows of a few milliseconds).
+
 // row is one queued write: a submission (sub) or an outcome (rec).
 type row struct {
 	sub  []any

@@ -75,7 +75,12 @@ func (a *admission) saw(depth int, at time.Time) {
 
 // Admit returns a *FullError (errors.Is ErrQueueFull) when the queues hold
 // MaxDepth requests, with a Retry-After computed from the drain rate.
-// Concurrent submissions may overshoot MaxDepth by at most their number.
+// Below 80 % of MaxDepth an API process decides on a depth it read at most
+// admitFresh ago plus what it admitted since, not what other API processes
+// admitted: k of them filling an empty queue within admitFresh may
+// overshoot MaxDepth by up to (k−1)·80 % of it. Above 80 % each reads the
+// depth every time, and concurrent submissions overshoot by at most their
+// number.
 func (q *Queue) Admit(ctx context.Context) error {
 	if q.admit.cheap(q.cfg.MaxDepth) {
 		return nil

@@ -134,7 +134,7 @@ func clusterRequests(t *testing.T, apis []*apiProc) {
 			}
 			byKey[sb.hdr[1]] = ids[i]
 		}
-		out := waitStatusAs(t, apis[i%2], sb.token, ids[i], 30*time.Second)
+		out := apis[i%2].waitStatusAs(t, sb.token, ids[i], 30*time.Second, "completed", "failed", "cancelled")
 		res, _ := out["result"].(map[string]any)
 		if out["status"] != "completed" || res["content"] != mockprovider.Reply(sb.prompt) {
 			t.Errorf("submission %d (%s): %v", i, ids[i], out)
@@ -146,23 +146,10 @@ func clusterRequests(t *testing.T, apis []*apiProc) {
 	// the identical prompt again, once its answer is in the cache.
 	waitFor(t, 10*time.Second, "an exact cache hit", func() bool {
 		id := apis[0].submit(t, ask(same))
-		out := waitStatusAs(t, apis[1], devToken, id, 10*time.Second)
+		out := apis[1].waitStatus(t, id, 10*time.Second, "completed", "failed", "cancelled")
 		res, _ := out["result"].(map[string]any)
 		return out["status"] == "completed" && res["cached"] == "exact"
 	})
-}
-
-// waitStatusAs polls GET as token until the request has ended.
-func waitStatusAs(t *testing.T, p *apiProc, token, id string, timeout time.Duration) map[string]any {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		_, out, _ := call(t, "GET", p.ts.URL+"/v1/requests/"+id, token, nil)
-		if st := out["status"]; st == "completed" || st == "failed" || st == "cancelled" || time.Now().After(deadline) {
-			return out
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }
 
 // clusterComponents runs the scripts the request path did not (a 429's

@@ -379,9 +379,15 @@ func next(t testing.TB, ch <-chan sseEvent, timeout time.Duration, types ...stri
 // waitStatus polls GET until the request reaches status (bounded).
 func (p *apiProc) waitStatus(t testing.TB, id string, timeout time.Duration, want ...string) map[string]any {
 	t.Helper()
+	return p.waitStatusAs(t, devToken, id, timeout, want...)
+}
+
+// waitStatusAs is waitStatus as the tenant of token.
+func (p *apiProc) waitStatusAs(t testing.TB, token, id string, timeout time.Duration, want ...string) map[string]any {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		_, out, _ := call(t, "GET", p.ts.URL+"/v1/requests/"+id, devToken, nil)
+		_, out, _ := call(t, "GET", p.ts.URL+"/v1/requests/"+id, token, nil)
 		for _, w := range want {
 			if out["status"] == w {
 				return out

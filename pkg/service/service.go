@@ -181,15 +181,13 @@ func Open(ctx context.Context, cfg *config.Config, logger *slog.Logger) (b *Base
 			return nil, fmt.Errorf("service: cache: %w", err)
 		}
 	}
+	fd := finish.Deps{Jobs: b.Jobs, History: b.History, Claims: b.Claims, Metrics: b.Metrics, Price: cfg.Price, Logger: logger}
 	if b.Cache != nil {
 		c := b.Cache
 		b.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: metrics.NameCacheStoresShed,
 			Help: "Provider answers not cached because the cache's answer writer was behind (PostgreSQL slower than the answers)."},
 			func() float64 { return float64(c.Stats().StoresShed) }))
-	}
-	fd := finish.Deps{Jobs: b.Jobs, History: b.History, Claims: b.Claims, Metrics: b.Metrics, Price: cfg.Price, Logger: logger}
-	if b.Cache != nil {
-		fd.Answers = b.Cache
+		fd.Answers = c
 	}
 	b.Finisher = finish.New(fd)
 	if !pgUp {
