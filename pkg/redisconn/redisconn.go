@@ -37,7 +37,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -97,7 +96,8 @@ func masters(ctx context.Context, rdb redis.UniversalClient, fn func(ctx context
 // or persists nothing (a restart empties it). Every master of a cluster
 // is checked. A server that refuses CONFIG (some managed services) is not.
 func Check(ctx context.Context, rdb redis.UniversalClient, logger *slog.Logger) {
-	var mu sync.Mutex // ForEachMaster runs fn on every master at once
+	// fn runs on every master at once (ForEachMaster); the logger is safe
+	// for concurrent use.
 	_ = masters(ctx, rdb, func(ctx context.Context, c *redis.Client) error {
 		get := func(name string) (string, bool) {
 			v, err := c.ConfigGet(ctx, name).Result()
@@ -107,8 +107,6 @@ func Check(ctx context.Context, rdb redis.UniversalClient, logger *slog.Logger) 
 			s, ok := v[name]
 			return s, ok
 		}
-		mu.Lock()
-		defer mu.Unlock()
 		addr := c.Options().Addr
 		if p, ok := get("maxmemory-policy"); ok && p != "noeviction" {
 			logger.Warn("redis: maxmemory-policy evicts keys; accepted requests and key state can vanish under memory pressure: set maxmemory-policy noeviction",
