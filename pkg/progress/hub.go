@@ -13,10 +13,22 @@
 // Delivery to a subscriber never blocks the hub: a subscriber whose buffer
 // is full is marked lagged and replays from the stored event stream; so is
 // every subscriber after the pub/sub connection was re-established.
+//
+// A subscription can also go deaf without breaking: after a Sentinel
+// failover the client sends its commands to the new master, but its
+// pub/sub connection stays on the old one, which hears nothing until
+// Sentinel turns it into a replica (about ten seconds). So the hub probes
+// its own subscription end to end: every Probe it publishes to a channel
+// of its own through the client's ordinary connections, and when no probe
+// has come back and nothing at all has arrived for three Probes it
+// subscribes again (reaching the current master) and every stream
+// replays.
 package progress
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"log/slog"
 	"strings"
 	"sync"
@@ -34,7 +46,12 @@ const (
 	DebounceDefault  = 100 * time.Millisecond
 	TickDefault      = 2 * time.Second
 	KeepAliveDefault = 5 * time.Second
+	ProbeDefault     = 500 * time.Millisecond
 	bufferSize       = 64
+	// staleProbes is how many Probes a subscription may stay silent, with
+	// a probe unanswered, before the hub subscribes again: one late probe
+	// under load is no reason to make every stream replay.
+	staleProbes = 3
 )
 
 // Positioner reads the queued requests' positions and ETAs.
@@ -53,6 +70,9 @@ type Config struct {
 	Tick time.Duration
 	// KeepAlive re-sends an unchanged position this often. Default 5s.
 	KeepAlive time.Duration
+	// Probe is how often the hub checks that its subscription still hears
+	// what is published (package doc). Default 500ms.
+	Probe time.Duration
 }
 
 // Hub is the per-process event fan-out. Start it with Run.
@@ -69,6 +89,11 @@ type Hub struct {
 	placed int
 
 	kick chan struct{} // a dequeue happened
+
+	// probeChannel is this hub's own channel for probing its subscription.
+	probeChannel string
+	// subscribed: Run has had a subscription before (owned by Run).
+	subscribed bool
 }
 
 // New returns a hub.
@@ -82,8 +107,19 @@ func New(rdb redis.UniversalClient, pos Positioner, cfg Config, logger *slog.Log
 	if cfg.KeepAlive == 0 {
 		cfg.KeepAlive = KeepAliveDefault
 	}
+	if cfg.Probe == 0 {
+		cfg.Probe = ProbeDefault
+	}
 	return &Hub{rdb: rdb, pos: pos, cfg: cfg, logger: logger,
-		subs: map[string]map[*Sub]struct{}{}, kick: make(chan struct{}, 1)}
+		subs: map[string]map[*Sub]struct{}{}, kick: make(chan struct{}, 1),
+		probeChannel: cfg.Channel + ":probe:" + hex.EncodeToString(randomBytes(8))}
+}
+
+// randomBytes returns n random bytes (crypto/rand.Read never fails).
+func randomBytes(n int) []byte {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return b
 }
 
 // Sub is one stream's subscription.
@@ -182,8 +218,6 @@ func (h *Hub) markAllLagged() {
 
 // Run receives events until ctx ends. It owns the pub/sub connection.
 func (h *Hub) Run(ctx context.Context) error {
-	ps := h.rdb.Subscribe(ctx, h.cfg.Channel, h.pos.DequeuedChannel())
-	defer func() { _ = ps.Close() }()
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -191,48 +225,125 @@ func (h *Hub) Run(ctx context.Context) error {
 		h.positionLoop(ctx)
 	}()
 	defer wg.Wait()
+	for {
+		silent := h.listen(ctx)
+		if silent == 0 {
+			return nil
+		}
+		h.logger.Warn("progress: the event subscription heard nothing, not even its own probe; subscribing again (a Redis failover?)",
+			"silent", silent.Round(time.Millisecond))
+	}
+}
 
-	first := true
+// listen holds one subscription until ctx ends (0) or the subscription
+// is found deaf: then it returns how long it was silent.
+func (h *Hub) listen(ctx context.Context) time.Duration {
+	ctx, stop := context.WithCancel(ctx)
+	defer stop()
+	ps := h.rdb.Subscribe(ctx, h.cfg.Channel, h.pos.DequeuedChannel(), h.probeChannel)
+	defer func() { _ = ps.Close() }()
+	var live liveness
+	live.heard.Store(time.Now().UnixNano())
+	var wg sync.WaitGroup
+	wg.Go(func() { h.probe(ctx, &live) })
+	defer wg.Wait()
+	defer stop() // before wg.Wait: the prober ends with ctx
+
+	check := time.NewTicker(h.cfg.Probe)
+	defer check.Stop()
 	ch := ps.ChannelWithSubscriptions(redis.WithChannelSize(1024))
 	for {
 		select {
 		case <-ctx.Done():
-			return nil
+			return 0
+		case now := <-check.C:
+			if d := live.silence(now, staleProbes*h.cfg.Probe); d > 0 {
+				return d
+			}
 		case m, ok := <-ch:
 			if !ok {
-				return nil
+				return 0
 			}
-			switch m := m.(type) {
-			case *redis.Subscription:
-				// Re-subscribed after a reconnect: anything published in
-				// between was missed, so every stream replays.
-				if m.Kind == "subscribe" && m.Channel == h.cfg.Channel {
-					if !first {
-						h.markAllLagged()
-					}
-					first = false
-				}
-			case *redis.Message:
-				if m.Channel == h.pos.DequeuedChannel() {
-					select {
-					case h.kick <- struct{}{}:
-					default:
-					}
-					continue
-				}
-				// Every API process hears every event of the fleet; most
-				// are for requests nobody here follows, so the id is
-				// looked up before the event is decoded.
-				if id, _, _ := strings.Cut(m.Payload, " "); !h.follows(id) {
-					continue
-				}
-				id, ev, err := job.ParseMessage(m.Payload)
-				if err != nil {
-					h.logger.Warn("progress: bad event message", "err", err)
-					continue
-				}
-				h.deliver(id, ev)
+			live.heard.Store(time.Now().UnixNano())
+			h.receive(m, &live)
+		}
+	}
+}
+
+// receive handles one message or subscription notice.
+func (h *Hub) receive(m any, live *liveness) {
+	switch m := m.(type) {
+	case *redis.Subscription:
+		// Subscribed again (after a reconnect, or after the hub found its
+		// subscription deaf): anything published in between was missed,
+		// so every stream replays.
+		if m.Kind == "subscribe" && m.Channel == h.cfg.Channel {
+			if h.subscribed {
+				h.markAllLagged()
 			}
+			h.subscribed = true
+		}
+	case *redis.Message:
+		switch m.Channel {
+		case h.probeChannel:
+			live.unanswered.Store(0)
+			return
+		case h.pos.DequeuedChannel():
+			select {
+			case h.kick <- struct{}{}:
+			default:
+			}
+			return
+		}
+		// Every API process hears every event of the fleet; most are for
+		// requests nobody here follows, so the id is looked up before the
+		// event is decoded.
+		if id, _, _ := strings.Cut(m.Payload, " "); !h.follows(id) {
+			return
+		}
+		id, ev, err := job.ParseMessage(m.Payload)
+		if err != nil {
+			h.logger.Warn("progress: bad event message", "err", err)
+			return
+		}
+		h.deliver(id, ev)
+	}
+}
+
+// liveness is what one subscription has heard lately (unix ns).
+type liveness struct {
+	heard      atomic.Int64 // the last message or notice received
+	unanswered atomic.Int64 // when the oldest probe not heard back was sent; 0: none
+}
+
+// silence returns how long the subscription has heard nothing while a
+// probe is unanswered, when that is at least limit; else 0.
+func (l *liveness) silence(now time.Time, limit time.Duration) time.Duration {
+	sent := l.unanswered.Load()
+	if sent == 0 || now.Sub(time.Unix(0, sent)) < limit {
+		return 0
+	}
+	if d := now.Sub(time.Unix(0, l.heard.Load())); d >= limit {
+		return d
+	}
+	return 0
+}
+
+// probe publishes to the hub's probe channel every Probe until ctx ends.
+// A probe Redis did not take (an error) proves nothing either way and is
+// not counted.
+func (h *Hub) probe(ctx context.Context, live *liveness) {
+	t := time.NewTicker(h.cfg.Probe)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		sent := time.Now().UnixNano()
+		if err := h.rdb.Publish(ctx, h.probeChannel, "probe").Err(); err == nil {
+			live.unanswered.CompareAndSwap(0, sent)
 		}
 	}
 }

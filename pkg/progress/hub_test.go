@@ -145,11 +145,7 @@ func (f *fixture) create(t *testing.T, id string) {
 // publish appends an event to id and returns its stream id.
 func (f *fixture) publish(t *testing.T, id string, ev job.Event) string {
 	t.Helper()
-	sid, err := f.store.Apply(context.Background(), id, job.Change{Event: &ev})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sid
+	return f.publishOn(t, f.store, id, ev)
 }
 
 // recv waits for the next event on s.
@@ -322,7 +318,7 @@ func (f *fixture) killHubConnection(t *testing.T) error {
 		return err
 	}
 	for _, line := range strings.Split(list, "\n") {
-		var id, name string
+		var id, name, sub string
 		for _, field := range strings.Fields(line) {
 			k, v, _ := strings.Cut(field, "=")
 			switch k {
@@ -330,9 +326,11 @@ func (f *fixture) killHubConnection(t *testing.T) error {
 				id = v
 			case "name":
 				name = v
+			case "sub":
+				sub = v
 			}
 		}
-		if name == f.name && strings.Contains(line, "sub=2") {
+		if name == f.name && sub != "" && sub != "0" {
 			return f.rdb.Do(ctx, "CLIENT", "KILL", "ID", id).Err()
 		}
 	}
@@ -488,5 +486,133 @@ func TestAwaitGetsEventsWithoutPositions(t *testing.T) {
 	f.create(t, "req-a")
 	if ev := recv(t, quiet); ev.Type != job.EventQueued || ev.ID == "" {
 		t.Fatalf("awaiting caller got %+v first, want the stored queued event (no position update)", ev)
+	}
+}
+
+// After a Sentinel failover the client's commands go to the new master,
+// but its pub/sub connection stays on the old one, which hears nothing
+// until Sentinel makes it a replica of the new one (seconds later, and it
+// never hears what was published before). The hub notices that its own
+// probes stopped coming back, subscribes again (on the new master) and has
+// every stream replay; what is published next arrives live.
+func TestHubSubscribesAgainAfterASentinelFailover(t *testing.T) {
+	t.Parallel()
+	rs := testenv.RedisSentinel(t)
+	ctx := t.Context()
+	failoverClient := func() *redis.Client {
+		c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: rs.MasterName, SentinelAddrs: rs.Sentinels})
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	rdb := failoverClient()
+	store := job.NewStore(rdb, "", time.Hour)
+	pos := &fakePositioner{channel: "queue:dequeued", spots: map[string]queue.Spot{}}
+	logs := &testenv.LogBuffer{}
+	cfg := Config{Channel: store.Channel(), Tick: time.Hour, KeepAlive: time.Hour, Probe: 100 * time.Millisecond}
+	f := &fixture{rdb: rdb, store: store, pos: pos, logs: logs,
+		hub: New(failoverClient(), pos, cfg, slog.New(slog.NewTextHandler(logs, nil)))}
+	s := f.hub.Subscribe("req-a", "en")
+	defer s.Close()
+	f.run(t)
+	f.create(t, "req-a")
+	if ev := recv(t, s); ev.Type != job.EventQueued {
+		t.Fatalf("first event %+v, want queued", ev)
+	}
+	// The replica has the record before it is promoted.
+	if n, err := rdb.Wait(ctx, 1, 5*time.Second).Result(); err != nil || n != 1 {
+		t.Fatalf("WAIT 1 = %d, %v", n, err)
+	}
+	old, err := rs.Master(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := redis.NewSentinelClient(&redis.Options{Addr: rs.Sentinels[0]})
+	defer sc.Close()
+	if err := sc.Failover(ctx, rs.MasterName).Err(); err != nil {
+		t.Fatal(err)
+	}
+	nm := awaitPromoted(t, rs, old)
+	newMaster := redis.NewClient(&redis.Options{Addr: nm})
+	defer newMaster.Close()
+	onNew := job.NewStore(newMaster, "", time.Hour)
+	missed := f.publishOn(t, onNew, "req-a", job.Event{Type: job.EventStarted})
+
+	start := time.Now()
+	if ev := recv(t, s); ev.Type != "resync" || !s.Lagged() {
+		t.Fatalf("after the failover: %+v, want a resync and lagged", ev)
+	}
+	t.Logf("resync %v after the event published on the new master", time.Since(start).Round(time.Millisecond))
+	if !strings.Contains(f.logs.String(), "subscribing again") {
+		t.Errorf("no warning about the deaf subscription in the log:\n%s", f.logs.String())
+	}
+	// The replay finds what was missed; what comes next arrives live.
+	evs, err := onNew.Events(ctx, "req-a", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs) == 0 || evs[len(evs)-1].ID != missed {
+		t.Fatalf("stored events %+v, want the missed %s last", evs, missed)
+	}
+	live := f.publishOn(t, onNew, "req-a", job.Event{Type: job.EventStarted})
+	for {
+		ev := recv(t, s)
+		if ev.ID == live {
+			break
+		}
+		if ev.Type != "resync" {
+			t.Fatalf("before the live event: %+v", ev)
+		}
+	}
+}
+
+// publishOn appends an event to id through store and returns its stream id.
+func (f *fixture) publishOn(t *testing.T, store *job.Store, id string, ev job.Event) string {
+	t.Helper()
+	sid, err := store.Apply(context.Background(), id, job.Change{Event: &ev})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sid
+}
+
+// awaitPromoted waits until the sentinels name a master other than old.
+func awaitPromoted(t *testing.T, rs *testenv.Sentinel, old string) string {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		nm, err := rs.Master(t.Context())
+		if err == nil && nm != old {
+			return nm
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no master other than %s after 30s: %v", old, err)
+		}
+		time.Sleep(20 * time.Millisecond) // Sentinel announces nothing to poll on
+	}
+}
+
+// A subscription is deaf only when a probe is overdue AND nothing else
+// arrived meanwhile: under load a probe can come back late behind a
+// backlog of events, and that must not make every stream replay.
+func TestLivenessSilence(t *testing.T) {
+	t.Parallel()
+	now := time.Now()
+	ago := func(d time.Duration) int64 { return now.Add(-d).UnixNano() }
+	for _, c := range []struct {
+		name              string
+		heard, unanswered int64
+		want              time.Duration
+	}{
+		{"no probe out", ago(time.Hour), 0, 0},
+		{"probe not yet overdue", ago(time.Hour), ago(500 * time.Millisecond), 0},
+		{"probe overdue, events still arriving", ago(100 * time.Millisecond), ago(2 * time.Second), 0},
+		{"probe overdue, silent", ago(3 * time.Second), ago(2 * time.Second), 3 * time.Second},
+	} {
+		var l liveness
+		l.heard.Store(c.heard)
+		l.unanswered.Store(c.unanswered)
+		if got := l.silence(now, time.Second); got != c.want {
+			t.Errorf("%s: silence = %v, want %v", c.name, got, c.want)
+		}
 	}
 }
