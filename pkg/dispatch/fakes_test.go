@@ -222,7 +222,7 @@ func (p *fakePool) Success(_ context.Context, l *keypool.Lease, _ llm.Usage, _ l
 }
 
 func (p *fakePool) Failure(_ context.Context, l *keypool.Lease, a keypool.Action, _ error) error {
-	p.settle(map[keypool.Action]string{keypool.Refund: "refund", keypool.Cool: "cool", keypool.Disable: "disable"}[a], l)
+	p.settle(map[keypool.Action]string{keypool.Refund: "refund", keypool.Cool: "cool", keypool.Disable: "disable", keypool.Full: "full"}[a], l)
 	return nil
 }
 

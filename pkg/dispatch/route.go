@@ -63,7 +63,7 @@ var consequences = map[llm.Class]consequence{
 // (llm.CodeCapacityFull): the key waits out its Retry-After and the next
 // key is tried at once; the breaker does not count it, the provider is
 // not refusing.
-var capacityFull = consequence{breaker.Ignore, false, keypool.Cool, nextKey, "provisioned capacity full"}
+var capacityFull = consequence{breaker.Ignore, false, keypool.Full, nextKey, "provisioned capacity full"}
 
 // consequenceOf returns the table row for err.
 func consequenceOf(err error) consequence {

@@ -90,12 +90,13 @@ func TestHalfOpenRouteIsRecheckedSoon(t *testing.T) {
 	}
 }
 
-// A provisioned deployment's 429 (llm.CodeCapacityFull) cools only its
-// key and goes to the next key; the breaker does not count it.
+// A provisioned deployment's 429 (llm.CodeCapacityFull) makes only its
+// key wait out the Retry-After, without escalating (keypool.Full), and
+// goes to the next key; the breaker does not count it.
 func TestCapacityFullIsNotARefusal(t *testing.T) {
 	t.Parallel()
 	c := consequenceOf(&llm.Error{Class: llm.ClassRateLimited, Code: llm.CodeCapacityFull, RetryAfter: 300 * time.Millisecond})
-	if c.breaker != breaker.Ignore || c.key != keypool.Cool || c.next != nextKey {
+	if c.breaker != breaker.Ignore || c.key != keypool.Full || c.next != nextKey {
 		t.Fatalf("capacity full: %+v", c)
 	}
 	if plain := consequenceOf(&llm.Error{Class: llm.ClassRateLimited}); plain.breaker != breaker.Failure {

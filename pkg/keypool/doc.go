@@ -125,6 +125,12 @@
 //     tighter than configured. Each Success adds 0.01 back to f, up to 1
 //     (additive increase, multiplicative decrease). The reservation stays
 //     spent: the provider counted the call.
+//   - Full (llm.CodeCapacityFull: a provisioned deployment, e.g. an Azure
+//     PTU, fully used at this moment): the key waits exactly the
+//     provider's Retry-After (CooldownBase without one) and nothing else
+//     changes: no count, no slower pace, no emptied bucket. Such a 429 is
+//     the deployment working as designed; escalating would park paid-for
+//     capacity for up to CooldownMax. The tokens are refunded.
 //   - Disable (quota, auth): the key is out, with the reason, until Enable;
 //     the tokens are refunded.
 //   - Refund (overloaded, transient, permanent, our own cancellation): the

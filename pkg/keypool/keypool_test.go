@@ -947,3 +947,34 @@ func TestAcquireSpreadsTiesAndPrefers(t *testing.T) {
 	}
 	require.Equal(t, []string{"p", "p", "a", "a"}, got, "the preferred key first while it has room, then the others")
 }
+
+// A provisioned deployment's 429 (Full) is its capacity in use, not an
+// overrun: the key waits exactly the Retry-After each time, however many
+// come in a row, and its count, pace and request bucket stay as they were;
+// without a Retry-After it waits CooldownBase.
+func TestFullWaitsTheRetryAfterWithoutEscalating(t *testing.T) {
+	t.Parallel()
+	b := setup(t, Config{Keys: []Key{key("ptu", haiku, 600, 300000)}})
+	ctx := context.Background()
+	before := b.state(t, "ptu")
+	const tolerance = 0.1
+	for i := range 5 {
+		l := b.acquire(t, haiku, 10)
+		require.NoError(t, b.pool.Failure(ctx, l, Full, capacityFull(300*time.Millisecond)))
+		s := b.state(t, "ptu")
+		require.Zero(t, s.Consecutive429s, "429 #%d", i+1)
+		require.InDelta(t, 0.3, s.CoolingUntil.Sub(b.now(t)).Seconds(), tolerance, "429 #%d: cooldown", i+1)
+		require.Equal(t, before.EffectiveRPM, s.EffectiveRPM, "429 #%d: pace", i+1)
+		require.InDelta(t, before.TokensAvailable, s.TokensAvailable, 1, "429 #%d: tokens refunded", i+1)
+		require.Greater(t, s.RequestsAvailable, 1.0, "429 #%d: request bucket not emptied", i+1)
+		_, err := b.pool.Acquire(ctx, haiku, 10)
+		require.Equal(t, ReasonCooling, exhausted(t, err).Reason)
+		b.endCooldown(t, "ptu")
+	}
+	require.NoError(t, b.pool.Failure(ctx, b.acquire(t, haiku, 10), Full, capacityFull(0)))
+	require.InDelta(t, 1, b.state(t, "ptu").CoolingUntil.Sub(b.now(t)).Seconds(), tolerance, "no Retry-After: CooldownBase (1s)")
+}
+
+func capacityFull(retryAfter time.Duration) error {
+	return &llm.Error{Class: llm.ClassRateLimited, Provider: "azure", Status: 429, Code: llm.CodeCapacityFull, RetryAfter: retryAfter}
+}

@@ -233,7 +233,8 @@ return {1, best, now, at + ttl, at}
 // ARGV[1]  lease id
 // ARGV[2]  tokens to give back to the token bucket (negative: charge more)
 // ARGV[3]  1 to give the request back too (the call was never made), else 0
-// ARGV[4]  op: ok (reset the 429 count) | cool (a 429) | off (disable) | none
+// ARGV[4]  op: ok (reset the 429 count) | cool (a 429) | off (disable) | none |
+// wait (capacity full: cool for exactly the Retry-After, else the base)
 // ARGV[5]  lease grant time (µs)
 // ARGV[6]  cooldown base (µs)
 // ARGV[7]  cooldown max (µs)
@@ -314,6 +315,10 @@ elseif op == 'cool' then
   end
   local ra = tonumber(ARGV[8])
   if ra > d then d = ra end
+  if now + d > s.cu then s.cu = now + d end
+elseif op == 'wait' then
+  local d = tonumber(ARGV[8])
+  if d <= 0 then d = tonumber(ARGV[6]) end
   if now + d > s.cu then s.cu = now + d end
 elseif op == 'off' then
   redis.call('HSET', KEYS[1], 'off', ARGV[9], 'off_at', fmt17(now))

@@ -13,6 +13,7 @@ import (
 const (
 	opOK   = "ok"   // success: reset the 429 count
 	opCool = "cool" // 429: escalate the cooldown
+	opWait = "wait" // capacity full: wait the Retry-After, escalate nothing
 	opOff  = "off"  // quota/auth: disable the key
 	opNone = "none" // no change to the 429 state
 )
@@ -38,6 +39,14 @@ const (
 	// Disable: the key is unusable until an operator enables it (billing,
 	// a revoked credential). The tokens are refunded.
 	Disable
+	// Full: the key's provisioned capacity is fully used at this moment
+	// (an Azure PTU deployment's 429, llm.CodeCapacityFull). That 429 is
+	// the deployment working as designed, not a limit the pool overran:
+	// the key waits out exactly the provider's Retry-After (CooldownBase
+	// when there is none); its 429 count, pace and buckets are left alone,
+	// so paid-for capacity is not parked for an escalating cooldown. The
+	// tokens are refunded (the call was refused).
+	Full
 )
 
 func (a Action) String() string {
@@ -48,6 +57,8 @@ func (a Action) String() string {
 		return "cool"
 	case Disable:
 		return "disable"
+	case Full:
+		return "full"
 	}
 	return fmt.Sprintf("Action(%d)", int(a))
 }
@@ -105,6 +116,11 @@ func (p *Pool) Failure(ctx context.Context, l *Lease, a Action, callErr error) e
 		}
 	case Disable:
 		args.op, args.reason = opOff, disableReason(pe)
+	case Full:
+		args.op = opWait
+		if pe != nil {
+			args.retryAfter = pe.RetryAfter
+		}
 	}
 	res, err := p.settle(ctx, "failure", l, true, args)
 	if err != nil {
@@ -116,6 +132,10 @@ func (p *Pool) Failure(ctx context.Context, l *Lease, a Action, callErr error) e
 		p.logger.Warn("keypool: key rate limited, cooling",
 			"key", l.KeyID, "route", l.Route.String(), "consecutive_429s", res.consecutive,
 			"cooling_until", res.coolingUntil, "retry_after", args.retryAfter)
+	case opWait:
+		// Routine on a provisioned deployment at full use: not a warning.
+		p.logger.Debug("keypool: key's provisioned capacity full, waiting",
+			"key", l.KeyID, "route", l.Route.String(), "cooling_until", res.coolingUntil, "retry_after", args.retryAfter)
 	case opOff:
 		p.logger.Error("keypool: key disabled until an operator enables it",
 			"key", l.KeyID, "route", l.Route.String(), "reason", args.reason)

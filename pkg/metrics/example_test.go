@@ -45,11 +45,15 @@ func ExampleOutcome() {
 	fmt.Println(metrics.Outcome(&llm.Error{Class: llm.ClassQuota, Status: 429, Code: "insufficient_quota"}))
 	fmt.Println(metrics.Outcome(&llm.Error{Class: llm.ClassTransient, Err: context.DeadlineExceeded}))
 	fmt.Println(metrics.Outcome(&llm.Error{Class: llm.ClassPermanent, Status: 400}))
+	fmt.Println(metrics.Outcome(&llm.Error{Class: llm.ClassRateLimited, Status: 429}))
+	fmt.Println(metrics.Outcome(&llm.Error{Class: llm.ClassRateLimited, Status: 429, Code: llm.CodeCapacityFull}))
 	// Output:
 	// ok
 	// quota
 	// timeout
 	// bad_request
+	// rate_limited
+	// capacity_full
 }
 
 func ExampleCost() {

@@ -15,26 +15,31 @@ import (
 const (
 	OutcomeOK          = "ok"
 	OutcomeRateLimited = "rate_limited"
-	OutcomeQuota       = "quota"
-	OutcomeOverloaded  = "overloaded"
-	OutcomeServerError = "server_error"
-	OutcomeTimeout     = "timeout"
-	OutcomeAuth        = "auth"
-	OutcomeBadRequest  = "bad_request"
+	// OutcomeCapacityFull: a provisioned deployment's 429 (an Azure PTU
+	// fully used, llm.CodeCapacityFull), by design, not a limit overrun:
+	// kept out of rate_limited so the 429 alerts stay about overruns.
+	OutcomeCapacityFull = "capacity_full"
+	OutcomeQuota        = "quota"
+	OutcomeOverloaded   = "overloaded"
+	OutcomeServerError  = "server_error"
+	OutcomeTimeout      = "timeout"
+	OutcomeAuth         = "auth"
+	OutcomeBadRequest   = "bad_request"
 	// OutcomeModelUnavailable: the provider does not serve the model.
 	OutcomeModelUnavailable = "model_unavailable"
 )
 
 // Outcomes lists every value Outcome returns.
 var Outcomes = []string{
-	OutcomeOK, OutcomeRateLimited, OutcomeQuota, OutcomeOverloaded,
+	OutcomeOK, OutcomeRateLimited, OutcomeCapacityFull, OutcomeQuota, OutcomeOverloaded,
 	OutcomeServerError, OutcomeTimeout, OutcomeAuth, OutcomeBadRequest, OutcomeModelUnavailable,
 }
 
 // Outcome maps the error of a provider call to the outcome label.
 //
-// nil is "ok". An *llm.Error maps by class: rate_limited, quota, overloaded
-// and auth keep their names; permanent is "bad_request"; transient is
+// nil is "ok". An *llm.Error maps by class: rate_limited (capacity_full
+// for a provisioned deployment's 429), quota, overloaded and auth keep
+// their names; permanent is "bad_request"; transient is
 // "timeout" when a deadline or a network timeout caused it (or the provider
 // answered 408 or 504), else "server_error". An error that is not an
 // *llm.Error (a deadline on our side, a bug) is "timeout" when it is a
@@ -53,6 +58,9 @@ func Outcome(err error) string {
 	}
 	switch pe.Class {
 	case llm.ClassRateLimited:
+		if pe.Code == llm.CodeCapacityFull {
+			return OutcomeCapacityFull
+		}
 		return OutcomeRateLimited
 	case llm.ClassQuota:
 		return OutcomeQuota

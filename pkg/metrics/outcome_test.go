@@ -93,6 +93,10 @@ func TestOutcomeCoversEveryClass(t *testing.T) {
 		seen[got] = true
 	}
 	seen[Outcome(&llm.Error{Class: llm.ClassTransient, Err: context.DeadlineExceeded})] = true
+	if got := Outcome(&llm.Error{Class: llm.ClassRateLimited, Code: llm.CodeCapacityFull}); got != OutcomeCapacityFull {
+		t.Errorf("Outcome(a provisioned deployment's 429) = %q, want %q", got, OutcomeCapacityFull)
+	}
+	seen[OutcomeCapacityFull] = true
 	for _, o := range Outcomes {
 		if !seen[o] {
 			t.Errorf("outcome %q is in Outcomes but no class produces it", o)
