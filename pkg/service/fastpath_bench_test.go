@@ -258,3 +258,41 @@ func processCPU() time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// BenchmarkIdleProcesses measures what idle processes cost Redis with no
+// traffic at all, in three windows on one system: Redis alone, then with
+// an API process (its subscription probe), then with a worker as well
+// (asynq's polling of the five queues every worker.task_check_interval,
+// its forwarder every delayed_task_check_interval, heartbeats). Each
+// process's figure is its window's excess over the one before. The
+// README's scale model ("What idle processes cost") is read from it.
+func BenchmarkIdleProcesses(b *testing.B) {
+	const window = 5 * time.Second
+	for range b.N {
+		b.StopTimer()
+		s := newSystem(b, opts{quiet: true, keysYML: unlimitedKeys})
+		rdb := redis.NewClient(&redis.Options{Addr: s.redis.Addr})
+		// measure returns Redis's CPU (% of a core) and commands per second
+		// over one window, after start-up registrations settle.
+		measure := func() (core, cmds float64) {
+			time.Sleep(time.Second) // nothing to await: start-up writes end on their own
+			r0 := redisCost(b, rdb)
+			time.Sleep(window) // the measurement is a rate over this window
+			r1 := redisCost(b, rdb)
+			return (r1.cpu - r0.cpu).Seconds() / window.Seconds() * 100, float64(r1.commands-r0.commands) / window.Seconds()
+		}
+		b.StartTimer()
+		base, _ := measure()
+		s.startAPI()
+		api, apiCmds := measure()
+		s.startWorker()
+		both, bothCmds := measure()
+		b.StopTimer()
+		_ = rdb.Close()
+		b.ReportMetric(base, "redis_alone_core_%")
+		b.ReportMetric(api-base, "api_core_%")
+		b.ReportMetric(apiCmds, "api_cmds/s")
+		b.ReportMetric(both-api, "worker_core_%")
+		b.ReportMetric(bothCmds-apiCmds, "worker_cmds/s")
+	}
+}
