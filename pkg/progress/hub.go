@@ -257,7 +257,9 @@ func (h *Hub) listen(ctx context.Context) time.Duration {
 		case <-ctx.Done():
 			return 0
 		case now := <-check.C:
-			if d := live.silence(now, staleProbes*h.cfg.Probe); d > 0 {
+			// Messages already waiting (this loop was descheduled, not the
+			// subscription deaf) are read first.
+			if d := live.silence(now, staleProbes*h.cfg.Probe); d > 0 && len(ch) == 0 {
 				return d
 			}
 		case m, ok := <-ch:
