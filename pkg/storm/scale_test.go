@@ -131,7 +131,7 @@ func TestScaleScenario(t *testing.T) {
 			t.Errorf("%d workers: %d requests, capacity %g, %d workers, %d apis; want %d requests", tt.workers, sc.Requests,
 				sc.capacity(), sc.Workers, sc.APIs, tt.n)
 		}
-		doc := configYAML(sc, 1, "127.0.0.1:2", "postgres://x@127.0.0.1:3/y", "http://127.0.0.1:4")
+		doc := configYAML(sc, 1, serverYAML("127.0.0.1:2"), "postgres://x@127.0.0.1:3/y", "http://127.0.0.1:4")
 		cfg, err := config.Parse([]byte(doc), func(string) (string, bool) { return "", false })
 		if err != nil {
 			t.Fatalf("%d workers: %v\n%s", tt.workers, err, doc)

@@ -10,12 +10,15 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"bulwark/pkg/redisha"
 )
 
 // A system with options.Sentinel runs its Redis as the master of a
 // Sentinel setup: the redis-server that startSystemWith starts anyway is
 // the master, and this file adds one replica (redis-replica) and three
-// sentinels (redis-sentinel-1…3, quorum 2, down-after-milliseconds 1000).
+// sentinels (redis-sentinel-1…3, configured by redisha.SentinelConfig:
+// quorum 2, down-after-milliseconds 1000).
 // The api and worker processes then reach Redis through the sentinels
 // (redis.mode sentinel) and answer 202 only once the replica holds a
 // request (redis.min_replicas_acked 1), so that a failover test can fail
@@ -25,9 +28,13 @@ import (
 // sentinelMaster is the name the sentinels monitor the master under.
 const sentinelMaster = "storm"
 
-// sentinelSet is the replica and sentinels of a system.
+// sentinelSet is the replica and sentinels of a system. What is asked of
+// them once they run is package redisha's (shared with pkg/testenv); this
+// file starts, kills and restarts the processes.
 type sentinelSet struct {
-	sentinels []string // host:port
+	// sentinels are the sentinels' addresses and sentinelMaster; filled
+	// in by startSentinel, read-only after.
+	sentinels redisha.Sentinels
 
 	mu    sync.Mutex
 	procs map[string]*process // the data servers by address; guarded by mu
@@ -44,7 +51,8 @@ func (s *system) startSentinel(ctx context.Context) error {
 	if err := waitReady(ctx, master, "PING "+s.redisAddr, redisPing(s.redisAddr)); err != nil {
 		return err
 	}
-	ha := &sentinelSet{procs: map[string]*process{s.redisAddr: master}, args: map[string][]string{s.redisAddr: s.redisArgs}}
+	ha := &sentinelSet{sentinels: redisha.Sentinels{MasterName: sentinelMaster},
+		procs: map[string]*process{s.redisAddr: master}, args: map[string][]string{s.redisAddr: s.redisArgs}}
 	s.ha = ha
 	// The master syncs its replica without waiting for others to join
 	// (a 5 s delay by default).
@@ -76,9 +84,10 @@ func (s *system) startSentinel(ctx context.Context) error {
 	ha.mu.Unlock()
 	for i, p := range ports[1:] {
 		conf := fmt.Sprintf("%s/sentinel-%d.conf", s.dir, i+1)
-		doc := fmt.Sprintf("port %d\nbind 127.0.0.1\ndir %s\nsentinel monitor %s 127.0.0.1 %s 2\n"+
-			"sentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 10000\n",
-			p, s.dir, sentinelMaster, masterPort, sentinelMaster, sentinelMaster)
+		doc, err := redisha.SentinelConfig(p, s.dir, sentinelMaster, s.redisAddr)
+		if err != nil {
+			return err
+		}
 		if err := os.WriteFile(conf, []byte(doc), 0o600); err != nil {
 			return fmt.Errorf("storm: sentinel config: %w", err)
 		}
@@ -88,115 +97,38 @@ func (s *system) startSentinel(ctx context.Context) error {
 			return err
 		}
 		s.addProc(sp)
-		ha.sentinels = append(ha.sentinels, "127.0.0.1:"+strconv.Itoa(p))
+		ha.sentinels.Addrs = append(ha.sentinels.Addrs, "127.0.0.1:"+strconv.Itoa(p))
 	}
 	return ha.settled(ctx, s.redisAddr)
 }
 
-// sentinelConfig puts the Sentinel setup into the configuration doc in
-// place of the one server's address; without options.Sentinel it returns
-// doc as it is.
-func (s *system) sentinelConfig(doc string) (string, error) {
-	if s.ha == nil {
-		return doc, nil
-	}
-	one := fmt.Sprintf("redis: {addr: %q}", s.redisAddr)
-	if !strings.Contains(doc, one) {
-		return "", fmt.Errorf("storm: the configuration has no line %s to replace with the sentinels", one)
-	}
-	addrs := make([]string, len(s.ha.sentinels))
-	for i, a := range s.ha.sentinels {
+// yaml is the configuration's redis section for the set: the processes
+// reach the master through the sentinels and answer 202 only once the
+// replica holds a request.
+func (h *sentinelSet) yaml() string {
+	addrs := make([]string, len(h.sentinels.Addrs))
+	for i, a := range h.sentinels.Addrs {
 		addrs[i] = strconv.Quote(a)
 	}
-	ha := fmt.Sprintf("redis: {mode: sentinel, sentinel: {master_name: %s, addrs: [%s]}, min_replicas_acked: 1, replica_ack_timeout: 500ms}",
-		sentinelMaster, strings.Join(addrs, ", "))
-	return strings.Replace(doc, one, ha, 1), nil
+	return fmt.Sprintf("redis: {mode: sentinel, sentinel: {master_name: %s, addrs: [%s]}, min_replicas_acked: 1, replica_ack_timeout: 500ms}",
+		h.sentinels.MasterName, strings.Join(addrs, ", "))
 }
 
 // settled waits until master has its replica online and every sentinel
 // names master and sees one replica with its link up and the two other
-// sentinels. Redis announces none of this: it is polled every 50 ms.
+// sentinels (redisha.Sentinels.Settled).
 func (h *sentinelSet) settled(ctx context.Context, master string) error {
-	mc := redis.NewClient(&redis.Options{Addr: master})
-	defer func() { _ = mc.Close() }()
-	check := func(what string, ok func(ctx context.Context) (bool, error)) error {
-		var last error
-		for {
-			done, err := ok(ctx)
-			if done {
-				return nil
-			}
-			if err != nil {
-				last = err
-			}
-			select {
-			case <-ctx.Done():
-				return fmt.Errorf("storm: sentinel setup: %s: %w (last error: %v)", what, context.Cause(ctx), last)
-			case <-time.After(50 * time.Millisecond):
-			}
-		}
-	}
-	if err := check("replica online at "+master, func(ctx context.Context) (bool, error) {
-		info, err := mc.Info(ctx, "replication").Result()
-		return strings.Contains(info, "slave0:") && strings.Contains(info, "state=online"), err
-	}); err != nil {
-		return err
-	}
-	for _, a := range h.sentinels {
-		sc := redis.NewSentinelClient(&redis.Options{Addr: a})
-		err := check("sentinel "+a+" settled on "+master, func(ctx context.Context) (bool, error) {
-			m, err := sc.Master(ctx, sentinelMaster).Result()
-			if err != nil {
-				return false, err
-			}
-			if m["ip"]+":"+m["port"] != master || strings.Contains(m["flags"], "down") ||
-				m["num-slaves"] != "1" || m["num-other-sentinels"] != "2" {
-				return false, nil
-			}
-			reps, err := sc.Replicas(ctx, sentinelMaster).Result()
-			if err != nil || len(reps) != 1 {
-				return false, err
-			}
-			return !strings.Contains(reps[0]["flags"], "down") && reps[0]["master-link-status"] == "ok", nil
-		})
-		_ = sc.Close()
-		if err != nil {
-			return err
-		}
+	if err := h.sentinels.Settled(ctx, master); err != nil {
+		return fmt.Errorf("storm: sentinel setup: %w", err)
 	}
 	return nil
 }
 
-// master returns the address the first sentinel names as master.
-func (h *sentinelSet) master(ctx context.Context) (string, error) {
-	sc := redis.NewSentinelClient(&redis.Options{Addr: h.sentinels[0]})
-	defer func() { _ = sc.Close() }()
-	a, err := sc.GetMasterAddrByName(ctx, sentinelMaster).Result()
-	if err != nil {
-		return "", fmt.Errorf("storm: the sentinels' master: %w", err)
-	}
-	return a[0] + ":" + a[1], nil
-}
-
 // promoted waits until every sentinel names a master other than old.
 func (h *sentinelSet) promoted(ctx context.Context, old string) (string, error) {
-	var nm string
-	for _, a := range h.sentinels {
-		sc := redis.NewSentinelClient(&redis.Options{Addr: a})
-		for {
-			m, err := sc.GetMasterAddrByName(ctx, sentinelMaster).Result()
-			if err == nil && m[0]+":"+m[1] != old {
-				nm = m[0] + ":" + m[1]
-				break
-			}
-			select {
-			case <-ctx.Done():
-				_ = sc.Close()
-				return "", fmt.Errorf("storm: sentinel %s still names %s: %w", a, old, context.Cause(ctx))
-			case <-time.After(50 * time.Millisecond):
-			}
-		}
-		_ = sc.Close()
+	nm, err := h.sentinels.Promoted(ctx, old)
+	if err != nil {
+		return "", fmt.Errorf("storm: sentinel setup: %w", err)
 	}
 	return nm, nil
 }
@@ -206,14 +138,8 @@ func (h *sentinelSet) promoted(ctx context.Context, old string) (string, error) 
 // and returns when the sentinels name the new master (promoted) and when
 // the old master is its replica again (settled).
 func (h *sentinelSet) failover(ctx context.Context) (old, nm string, promoted, settled time.Time, err error) {
-	if old, err = h.master(ctx); err != nil {
-		return "", "", promoted, settled, err
-	}
-	sc := redis.NewSentinelClient(&redis.Options{Addr: h.sentinels[0]})
-	err = sc.Failover(ctx, sentinelMaster).Err()
-	_ = sc.Close()
-	if err != nil {
-		return "", "", promoted, settled, fmt.Errorf("storm: SENTINEL FAILOVER: %w", err)
+	if old, err = h.sentinels.Failover(ctx); err != nil {
+		return "", "", promoted, settled, fmt.Errorf("storm: %w", err)
 	}
 	if nm, err = h.promoted(ctx, old); err != nil {
 		return old, "", promoted, settled, err
@@ -227,8 +153,8 @@ func (h *sentinelSet) failover(ctx context.Context) (old, nm string, promoted, s
 // not yet sent its replica is lost), and returns once the sentinels have
 // promoted the replica.
 func (h *sentinelSet) killMaster(ctx context.Context) (old, nm string, err error) {
-	if old, err = h.master(ctx); err != nil {
-		return "", "", err
+	if old, err = h.sentinels.Master(ctx); err != nil {
+		return "", "", fmt.Errorf("storm: %w", err)
 	}
 	h.mu.Lock()
 	p := h.procs[old]

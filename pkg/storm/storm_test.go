@@ -4,12 +4,15 @@ import (
 	"fmt"
 	"maps"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"bulwark/pkg/config"
 	"bulwark/pkg/llm"
+	"bulwark/pkg/redisconn"
+	"bulwark/pkg/redisha"
 )
 
 // A short S1 on real processes: 120 distinct prompts from 50 clients
@@ -68,7 +71,7 @@ func TestConfigParses(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		doc := configYAML(sc, 18080, "127.0.0.1:16999", "postgres://postgres@127.0.0.1:15433/storm_x?sslmode=disable", "http://127.0.0.1:18090")
+		doc := configYAML(sc, 18080, serverYAML("127.0.0.1:16999"), "postgres://postgres@127.0.0.1:15433/storm_x?sslmode=disable", "http://127.0.0.1:18090")
 		env := map[string]string{"BULWARK_STORM_METRICS_LISTEN": "127.0.0.1:19091"}
 		cfg, err := config.Parse([]byte(doc), func(k string) (string, bool) { v, ok := env[k]; return v, ok })
 		if err != nil {
@@ -97,7 +100,7 @@ func TestConfigParses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := config.Parse([]byte(configYAML(sc, 1, "127.0.0.1:2", "postgres://x@127.0.0.1:3/y", "http://127.0.0.1:4")),
+	cfg, err := config.Parse([]byte(configYAML(sc, 1, serverYAML("127.0.0.1:2"), "postgres://x@127.0.0.1:3/y", "http://127.0.0.1:4")),
 		func(string) (string, bool) { return "", false })
 	if err != nil {
 		t.Fatalf("S3-mixed: %v", err)
@@ -125,10 +128,23 @@ func TestConfigParses(t *testing.T) {
 
 	// The api process has no metrics address of its own.
 	sc, _ = NewScenario("S1", 1, 1, 0)
-	cfg, err = config.Parse([]byte(configYAML(sc, 1, "127.0.0.1:2", "postgres://x@127.0.0.1:3/y", "http://127.0.0.1:4")),
+	cfg, err = config.Parse([]byte(configYAML(sc, 1, serverYAML("127.0.0.1:2"), "postgres://x@127.0.0.1:3/y", "http://127.0.0.1:4")),
 		func(string) (string, bool) { return "", false })
 	if err != nil || cfg.Worker.MetricsListen != "off" {
 		t.Fatalf("without BULWARK_STORM_METRICS_LISTEN: %v, metrics_listen %q", err, cfg.Worker.MetricsListen)
+	}
+
+	// With a Sentinel setup, the processes reach Redis through the
+	// sentinels and wait for the replica.
+	ha := &sentinelSet{sentinels: redisha.Sentinels{Addrs: []string{"127.0.0.1:5", "127.0.0.1:6"}, MasterName: sentinelMaster}}
+	cfg, err = config.Parse([]byte(configYAML(sc, 1, ha.yaml(), "postgres://x@127.0.0.1:3/y", "http://127.0.0.1:4")),
+		func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatalf("sentinel: %v", err)
+	}
+	if rc := cfg.RedisConnConfig(); rc.Mode != redisconn.ModeSentinel || rc.MasterName != sentinelMaster ||
+		!slices.Equal(rc.SentinelAddrs, ha.sentinels.Addrs) || rc.MinReplicasAcked != 1 || rc.ReplicaAckTimeout != 500*time.Millisecond {
+		t.Errorf("sentinel: redis %+v", rc)
 	}
 }
 

@@ -4,7 +4,10 @@ package testenv
 // (scripts/deps.sh installs redis-server and redis-cli; Sentinel is the
 // same binary with --sentinel) on free loopback ports, their files in the
 // test's temporary folder, stopped at cleanup. No persistence: each lives
-// for one test.
+// for one test. What a Sentinel setup is asked once it runs (who is
+// master, wait for a failover) is package redisha's, which the fault
+// bench (pkg/storm) shares; this file starts, kills and restarts the
+// processes.
 
 import (
 	"context"
@@ -20,6 +23,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"bulwark/pkg/redisha"
 )
 
 // haStartTimeout bounds the start of a cluster or a sentinel setup.
@@ -98,40 +103,12 @@ func freePorts(n int) ([]int, error) {
 	return ports, nil
 }
 
-// poll calls ok every 50 ms until it reports true or ctx ends: for the
-// states Redis announces to nobody (a cluster formed, a replica synced).
+// poll is redisha.Poll with this package's name on its error.
 func poll(ctx context.Context, what string, ok func(ctx context.Context) (bool, error)) error {
-	t := time.NewTicker(50 * time.Millisecond)
-	defer t.Stop()
-	var last error
-	for {
-		done, err := ok(ctx)
-		if done {
-			return nil
-		}
-		if err != nil {
-			last = err
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("testenv: %s: %w (last error: %v)", what, ctx.Err(), last)
-		case <-t.C:
-		}
+	if err := redisha.Poll(ctx, what, ok); err != nil {
+		return fmt.Errorf("testenv: %w", err)
 	}
-}
-
-// infoField reads one field of an INFO section.
-func infoField(ctx context.Context, c *redis.Client, section, field string) (string, error) {
-	s, err := c.Info(ctx, section).Result()
-	if err != nil {
-		return "", err
-	}
-	for _, l := range strings.Split(s, "\r\n") {
-		if v, ok := strings.CutPrefix(l, field+":"); ok {
-			return v, nil
-		}
-	}
-	return "", nil
+	return nil
 }
 
 // logTails returns the last lines of each server's log, for a failure.
@@ -281,8 +258,8 @@ const SentinelMasterName = "bulwark-test"
 
 // RedisSentinel starts a master, a replica of it in sync, and three
 // sentinels that each see the master, the replica and the two other
-// sentinels, with down-after-milliseconds 1000 (a dead master is failed
-// over within seconds); everything stops at cleanup.
+// sentinels, configured by redisha.SentinelConfig (a dead master is
+// failed over within seconds); everything stops at cleanup.
 func RedisSentinel(t testing.TB) *Sentinel {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), haStartTimeout)
@@ -315,9 +292,10 @@ func RedisSentinel(t testing.TB) *Sentinel {
 	for i := 2; i < 5; i++ {
 		p := strconv.Itoa(ports[i])
 		conf := filepath.Join(dir, "sentinel-"+p+".conf")
-		doc := fmt.Sprintf("port %s\nbind 127.0.0.1\ndir %s\nsentinel monitor %s 127.0.0.1 %d 2\n"+
-			"sentinel down-after-milliseconds %s 1000\nsentinel failover-timeout %s 10000\nsentinel parallel-syncs %s 1\n",
-			p, dir, s.MasterName, ports[0], s.MasterName, s.MasterName, s.MasterName)
+		doc, err := redisha.SentinelConfig(ports[i], dir, s.MasterName, master)
+		if err != nil {
+			t.Fatal(err)
+		}
 		if err := os.WriteFile(conf, []byte(doc), 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -329,7 +307,7 @@ func RedisSentinel(t testing.TB) *Sentinel {
 		s.Sentinels = append(s.Sentinels, srv.addr)
 	}
 	if err := s.waitSettled(ctx, master); err != nil {
-		t.Fatalf("%v\n%s", err, s.logs())
+		t.Fatal(err)
 	}
 	return s
 }
@@ -354,79 +332,48 @@ func (s *Sentinel) logs() string {
 	return logTails(s.all)
 }
 
+// ha is the setup as package redisha queries it.
+func (s *Sentinel) ha() redisha.Sentinels {
+	return redisha.Sentinels{Addrs: s.Sentinels, MasterName: s.MasterName}
+}
+
 // waitSettled waits until master has its replica online and every
 // sentinel names master as the master and sees one replica (not down) and
-// the two other sentinels.
+// the two other sentinels (redisha.Sentinels.Settled), with the servers'
+// logs on an error.
 func (s *Sentinel) waitSettled(ctx context.Context, master string) error {
-	mc := redis.NewClient(&redis.Options{Addr: master})
-	defer mc.Close()
-	if err := poll(ctx, "replica online at "+master, func(ctx context.Context) (bool, error) {
-		v, err := infoField(ctx, mc, "replication", "slave0")
-		return strings.Contains(v, "state=online"), err
-	}); err != nil {
-		return err
-	}
-	for _, a := range s.Sentinels {
-		sc := redis.NewSentinelClient(&redis.Options{Addr: a})
-		err := poll(ctx, "sentinel "+a+" settled on "+master, func(ctx context.Context) (bool, error) {
-			m, err := sc.Master(ctx, s.MasterName).Result()
-			if err != nil {
-				return false, err
-			}
-			if m["ip"]+":"+m["port"] != master || strings.Contains(m["flags"], "down") ||
-				m["num-slaves"] != "1" || m["num-other-sentinels"] != "2" {
-				return false, nil
-			}
-			reps, err := sc.Replicas(ctx, s.MasterName).Result()
-			if err != nil || len(reps) != 1 {
-				return false, err
-			}
-			return !strings.Contains(reps[0]["flags"], "down") && reps[0]["master-link-status"] == "ok", nil
-		})
-		sc.Close()
-		if err != nil {
-			return err
-		}
+	if err := s.ha().Settled(ctx, master); err != nil {
+		return fmt.Errorf("%w\n%s", err, s.logs())
 	}
 	return nil
 }
 
 // Master returns the address the sentinels currently name as master.
 func (s *Sentinel) Master(ctx context.Context) (string, error) {
-	sc := redis.NewSentinelClient(&redis.Options{Addr: s.Sentinels[0]})
-	defer sc.Close()
-	a, err := sc.GetMasterAddrByName(ctx, s.MasterName).Result()
-	if err != nil {
-		return "", fmt.Errorf("testenv: master of %s: %w", s.MasterName, err)
-	}
-	return a[0] + ":" + a[1], nil
+	return s.ha().Master(ctx)
 }
 
 // Replica returns the address of the replica the sentinels know.
 func (s *Sentinel) Replica(ctx context.Context) (string, error) {
-	sc := redis.NewSentinelClient(&redis.Options{Addr: s.Sentinels[0]})
-	defer sc.Close()
-	reps, err := sc.Replicas(ctx, s.MasterName).Result()
-	if err != nil || len(reps) != 1 {
-		return "", fmt.Errorf("testenv: replicas of %s: %v %v", s.MasterName, reps, err)
-	}
-	return reps[0]["ip"] + ":" + reps[0]["port"], nil
+	return s.ha().Replica(ctx)
 }
 
 // Failover has a sentinel fail the master over to the replica (SENTINEL
 // FAILOVER, no agreement needed) and returns once the sentinels have
 // settled on the new master with the old one as its replica.
 func (s *Sentinel) Failover(ctx context.Context) (newMaster string, err error) {
-	old, err := s.Master(ctx)
+	old, err := s.ha().Failover(ctx)
 	if err != nil {
 		return "", err
 	}
-	sc := redis.NewSentinelClient(&redis.Options{Addr: s.Sentinels[0]})
-	defer sc.Close()
-	if err := sc.Failover(ctx, s.MasterName).Err(); err != nil {
-		return "", fmt.Errorf("testenv: SENTINEL FAILOVER: %w", err)
+	nm, err := s.awaitPromoted(ctx, old)
+	if err != nil {
+		return "", err
 	}
-	return s.awaitNewMaster(ctx, old)
+	if err := s.waitSettled(ctx, nm); err != nil {
+		return "", err
+	}
+	return nm, nil
 }
 
 // Kill kills the master with SIGKILL and returns once the sentinels have
@@ -461,41 +408,14 @@ func (s *Sentinel) Restart(ctx context.Context, addr string) error {
 	if err != nil {
 		return err
 	}
-	if err := s.waitSettled(ctx, master); err != nil {
-		return fmt.Errorf("%w\n%s", err, s.logs())
-	}
-	return nil
+	return s.waitSettled(ctx, master)
 }
 
-// awaitPromoted waits until every sentinel names a master other than old.
+// awaitPromoted waits until every sentinel names a master other than
+// old, with the servers' logs on an error.
 func (s *Sentinel) awaitPromoted(ctx context.Context, old string) (string, error) {
-	var nm string
-	for _, a := range s.Sentinels {
-		sc := redis.NewSentinelClient(&redis.Options{Addr: a})
-		err := poll(ctx, "sentinel "+a+" names a master other than "+old, func(ctx context.Context) (bool, error) {
-			m, err := sc.GetMasterAddrByName(ctx, s.MasterName).Result()
-			if err != nil {
-				return false, err
-			}
-			nm = m[0] + ":" + m[1]
-			return nm != old, nil
-		})
-		sc.Close()
-		if err != nil {
-			return "", fmt.Errorf("%w\n%s", err, s.logs())
-		}
-	}
-	return nm, nil
-}
-
-// awaitNewMaster waits for the promotion, then for the old master to
-// replicate the new one and every sentinel to see that.
-func (s *Sentinel) awaitNewMaster(ctx context.Context, old string) (string, error) {
-	nm, err := s.awaitPromoted(ctx, old)
+	nm, err := s.ha().Promoted(ctx, old)
 	if err != nil {
-		return "", err
-	}
-	if err := s.waitSettled(ctx, nm); err != nil {
 		return "", fmt.Errorf("%w\n%s", err, s.logs())
 	}
 	return nm, nil
