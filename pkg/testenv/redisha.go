@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -189,47 +190,37 @@ func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
 // ErrorStats sums every master's INFO errorstats: error prefix (CROSSSLOT,
 // NOSCRIPT, ERR, …) → count of replies with it since the start.
 func (c *Cluster) ErrorStats(ctx context.Context) (map[string]int, error) {
-	out := map[string]int{}
-	for _, a := range c.Addrs {
-		cl := redis.NewClient(&redis.Options{Addr: a})
-		s, err := cl.Info(ctx, "errorstats").Result()
-		cl.Close()
-		if err != nil {
-			return nil, fmt.Errorf("testenv: errorstats of %s: %w", a, err)
-		}
-		for _, l := range strings.Split(s, "\r\n") {
-			// errorstat_CROSSSLOT:count=3
-			name, rest, ok := strings.Cut(strings.TrimPrefix(l, "errorstat_"), ":count=")
-			if !ok || !strings.HasPrefix(l, "errorstat_") {
-				continue
-			}
-			n, _ := strconv.Atoi(rest)
-			out[name] += n
-		}
-	}
-	return out, nil
+	// errorstat_CROSSSLOT:count=3
+	return c.sumInfo(ctx, "errorstats", "errorstat_", "count")
 }
 
 // FailedCommands sums every master's INFO commandstats: command → calls
 // that failed or were rejected, for a failure's log.
 func (c *Cluster) FailedCommands(ctx context.Context) (map[string]int, error) {
+	// cmdstat_get:calls=1,usec=2,usec_per_call=2.00,rejected_calls=0,failed_calls=0
+	return c.sumInfo(ctx, "commandstats", "cmdstat_", "rejected_calls", "failed_calls")
+}
+
+// sumInfo reads an INFO section of every master, takes its lines
+// "<prefix><name>:<field>=<n>,<field>=<n>,…" and returns name → the sum,
+// over the masters, of the fields named.
+func (c *Cluster) sumInfo(ctx context.Context, section, prefix string, fields ...string) (map[string]int, error) {
 	out := map[string]int{}
 	for _, a := range c.Addrs {
 		cl := redis.NewClient(&redis.Options{Addr: a})
-		s, err := cl.Info(ctx, "commandstats").Result()
+		s, err := cl.Info(ctx, section).Result()
 		cl.Close()
 		if err != nil {
-			return nil, fmt.Errorf("testenv: commandstats of %s: %w", a, err)
+			return nil, fmt.Errorf("testenv: %s of %s: %w", section, a, err)
 		}
-		for _, l := range strings.Split(s, "\r\n") {
-			// cmdstat_get:calls=1,usec=2,usec_per_call=2.00,rejected_calls=0,failed_calls=0
-			name, rest, ok := strings.Cut(strings.TrimPrefix(l, "cmdstat_"), ":")
-			if !ok || !strings.HasPrefix(l, "cmdstat_") {
+		for l := range strings.SplitSeq(s, "\r\n") {
+			name, rest, ok := strings.Cut(strings.TrimPrefix(l, prefix), ":")
+			if !ok || !strings.HasPrefix(l, prefix) {
 				continue
 			}
-			for _, f := range strings.Split(rest, ",") {
+			for f := range strings.SplitSeq(rest, ",") {
 				k, v, _ := strings.Cut(f, "=")
-				if k == "rejected_calls" || k == "failed_calls" {
+				if slices.Contains(fields, k) {
 					n, _ := strconv.Atoi(v)
 					out[name] += n
 				}
