@@ -1,7 +1,10 @@
 package service_test
 
 import (
+	"context"
 	"fmt"
+	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -9,24 +12,22 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"bulwark/pkg/mockprovider"
+	"bulwark/pkg/redisha"
 	"bulwark/pkg/testenv"
 )
 
 // TestRedisSentinelAcceptedOnReplica runs Bulwark through Redis Sentinel
 // with redis.min_replicas_acked 1: every request answered 202 is already
 // on the replica when the answer arrives (the master could die right
-// then and the promoted replica would still run it), and completes.
+// then and the promoted replica would still run it), and completes. On
+// loopback the replica would mostly have it without the wait too;
+// TestRedisSentinelUnconfirmedIs503 is the check that fails without it.
 func TestRedisSentinelAcceptedOnReplica(t *testing.T) {
 	t.Parallel()
 	rs := testenv.RedisSentinel(t)
-	addrs := make([]string, len(rs.Sentinels))
-	for i, a := range rs.Sentinels {
-		addrs[i] = fmt.Sprintf("%q", a)
-	}
 	s := newSystem(t, opts{
-		mock: mockprovider.Config{Latency: 20 * time.Millisecond},
-		redisYML: fmt.Sprintf("redis: {mode: sentinel, sentinel: {master_name: %s, addrs: [%s]}, min_replicas_acked: 1}",
-			rs.MasterName, strings.Join(addrs, ", ")),
+		mock:     mockprovider.Config{Latency: 20 * time.Millisecond},
+		redisYML: sentinelYML(rs, "min_replicas_acked: 1"),
 	})
 	api := s.startAPI()
 	s.startWorker()
@@ -43,4 +44,88 @@ func TestRedisSentinelAcceptedOnReplica(t *testing.T) {
 		}
 		api.waitStatus(t, id, 20*time.Second, "completed")
 	}
+}
+
+// sentinelYML is the redis section for rs, with more settings.
+func sentinelYML(rs *testenv.Sentinel, more string) string {
+	addrs := make([]string, len(rs.Sentinels))
+	for i, a := range rs.Sentinels {
+		addrs[i] = fmt.Sprintf("%q", a)
+	}
+	return fmt.Sprintf("redis: {mode: sentinel, sentinel: {master_name: %s, addrs: [%s]}, %s}",
+		rs.MasterName, strings.Join(addrs, ", "), more)
+}
+
+// TestRedisSentinelUnconfirmedIs503 is the half of the test above that
+// can fail: on loopback the replica has a request long before any 202,
+// waited for or not. Here the replica leaves replication (REPLICAOF NO
+// ONE: the master's WAIT counts no replica), so a submission must be
+// answered 503 "retry shortly", not 202. Once the replica follows the
+// master again, a retry with the same Idempotency-Key must get 202 with
+// the request that was stored, confirmed on the replica, and the request
+// must complete (the orphan sweep enqueues it: the first submission
+// stored it and stopped before its task).
+//
+// REPLICAOF NO ONE rather than DEBUG SLEEP (refused: Redis 7 disables
+// DEBUG by default) or a pause: the master drops the replica at once on
+// every Redis version. The sentinels would make it a replica again on
+// their own only after it has reported itself master for about 8 s; the
+// test gives it back within a second or two.
+func TestRedisSentinelUnconfirmedIs503(t *testing.T) {
+	t.Parallel()
+	rs := testenv.RedisSentinel(t)
+	s := newSystem(t, opts{
+		mock:     mockprovider.Config{Latency: 20 * time.Millisecond},
+		redisYML: sentinelYML(rs, "min_replicas_acked: 1, replica_ack_timeout: 300ms"),
+	})
+	api := s.startAPI()
+	s.startWorker()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	masterAddr, err := rs.Master(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	replicaAddr, err := rs.Replica(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	replica := redis.NewClient(&redis.Options{Addr: replicaAddr})
+	defer replica.Close()
+	if err := replica.ReplicaOf(ctx, "NO", "ONE").Err(); err != nil {
+		t.Fatalf("REPLICAOF NO ONE: %v", err)
+	}
+
+	const key = "unconfirmed-1"
+	body := ask("a request no replica confirms")
+	code, out, _ := call(t, "POST", api.ts.URL+"/v1/requests", devToken, body, "Idempotency-Key", key)
+	e, _ := out["error"].(map[string]any)
+	if code != http.StatusServiceUnavailable || e["type"] != "unavailable" || !strings.Contains(fmt.Sprint(e["message"]), "retry shortly") {
+		t.Fatalf("submission while the replica does not confirm: %d %v, want 503 unavailable \"retry shortly\"", code, out)
+	}
+	stored, err := api.base.Jobs.Idempotent(ctx, "demo", key)
+	if err != nil || stored == "" {
+		t.Fatalf("the refused submission's record on the master: %q %v", stored, err)
+	}
+
+	host, port, _ := net.SplitHostPort(masterAddr)
+	if err := replica.ReplicaOf(ctx, host, port).Err(); err != nil {
+		t.Fatalf("REPLICAOF %s: %v", masterAddr, err)
+	}
+	master := redis.NewClient(&redis.Options{Addr: masterAddr})
+	defer master.Close()
+	if err := redisha.Poll(ctx, "replica online at "+masterAddr, func(ctx context.Context) (bool, error) {
+		info, err := master.Info(ctx, "replication").Result()
+		return strings.Contains(info, "slave0:") && strings.Contains(info, "state=online"), err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	code, out, _ = call(t, "POST", api.ts.URL+"/v1/requests", devToken, body, "Idempotency-Key", key)
+	if code != http.StatusAccepted || out["id"] != stored {
+		t.Fatalf("the retry once the replica is back: %d %v, want 202 with %s", code, out, stored)
+	}
+	if n, err := replica.Exists(ctx, api.base.Jobs.RecordKey(stored)).Result(); err != nil || n != 1 {
+		t.Fatalf("request %s answered 202 but not on the replica: %d %v", stored, n, err)
+	}
+	api.waitStatus(t, stored, 30*time.Second, "completed")
 }
