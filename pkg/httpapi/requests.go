@@ -178,6 +178,11 @@ func (s *Server) submit(c *gin.Context) {
 	s.accepted(c, a, sub.Lang)
 }
 
+// retryShortly is the Retry-After (seconds) of a submission refused for a
+// passing cause on our side (Redis unreachable, replicas not confirming in
+// time): the official SDKs retry a 503 and honour it.
+const retryShortly = "1"
+
 // submitError maps intake errors to HTTP.
 func (s *Server) submitError(c *gin.Context, err error) {
 	var ie *intake.InputError
@@ -200,6 +205,7 @@ func (s *Server) submitError(c *gin.Context, err error) {
 		apiError(c, http.StatusTooManyRequests, "tenant_rate_limited", "", rl.Error())
 	default:
 		s.d.Logger.Error("submit failed", "err", err)
+		c.Header("Retry-After", retryShortly)
 		apiError(c, http.StatusServiceUnavailable, "unavailable", "", "could not accept the request; retry shortly")
 	}
 }

@@ -98,10 +98,12 @@ func TestRedisSentinelUnconfirmedIs503(t *testing.T) {
 
 	const key = "unconfirmed-1"
 	body := ask("a request no replica confirms")
-	code, out, _ := call(t, "POST", api.ts.URL+"/v1/requests", devToken, body, "Idempotency-Key", key)
+	code, out, hdr := call(t, "POST", api.ts.URL+"/v1/requests", devToken, body, "Idempotency-Key", key)
 	e, _ := out["error"].(map[string]any)
-	if code != http.StatusServiceUnavailable || e["type"] != "unavailable" || !strings.Contains(fmt.Sprint(e["message"]), "retry shortly") {
-		t.Fatalf("submission while the replica does not confirm: %d %v, want 503 unavailable \"retry shortly\"", code, out)
+	if code != http.StatusServiceUnavailable || e["type"] != "unavailable" || !strings.Contains(fmt.Sprint(e["message"]), "retry shortly") ||
+		hdr.Get("Retry-After") != "1" {
+		t.Fatalf("submission while the replica does not confirm: %d %v Retry-After %q, want 503 unavailable \"retry shortly\", Retry-After 1",
+			code, out, hdr.Get("Retry-After"))
 	}
 	stored, err := api.base.Jobs.Idempotent(ctx, "demo", key)
 	if err != nil || stored == "" {
