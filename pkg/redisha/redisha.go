@@ -83,7 +83,7 @@ func (s Sentinels) Settled(ctx context.Context, master string) error {
 	mc := redis.NewClient(&redis.Options{Addr: master})
 	defer func() { _ = mc.Close() }()
 	if err := Poll(ctx, "replica online at "+master, func(ctx context.Context) (bool, error) {
-		v, err := infoField(ctx, mc, "replication", "slave0")
+		v, err := InfoField(ctx, mc, "replication", "slave0")
 		return strings.Contains(v, "state=online"), err
 	}); err != nil {
 		return fmt.Errorf("redisha: %w", err)
@@ -185,8 +185,9 @@ func (s Sentinels) Promoted(ctx context.Context, old string) (string, error) {
 	return nm, nil
 }
 
-// infoField reads one field of an INFO section ("" when absent).
-func infoField(ctx context.Context, c *redis.Client, section, field string) (string, error) {
+// InfoField reads one field of an INFO section of the server c talks to
+// ("" when absent).
+func InfoField(ctx context.Context, c *redis.Client, section, field string) (string, error) {
 	s, err := c.Info(ctx, section).Result()
 	if err != nil {
 		return "", err

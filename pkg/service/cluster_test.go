@@ -288,3 +288,162 @@ func clusterComponents(ctx context.Context, t *testing.T, s *system, api *apiPro
 		t.Fatalf("sweep: %v", err)
 	}
 }
+
+// TestRedisClusterFailover fails each master of a three-master cluster
+// over to its replica in turn (coordinated CLUSTER FAILOVER) while
+// requests arrive, with redis.min_replicas_acked 1: the clients follow
+// the slots to the promoted replicas (MOVED), a submission the replicas
+// could not confirm in time is answered 503 and resent with its
+// Idempotency-Key, and every request answered 202 completes. The
+// {job} master goes first, then the other two.
+func TestRedisClusterFailover(t *testing.T) {
+	t.Parallel()
+	c := testenv.RedisClusterWithReplicas(t)
+	addrs := make([]string, len(c.Addrs))
+	for i, a := range c.Addrs {
+		addrs[i] = fmt.Sprintf("%q", a)
+	}
+	s := newSystem(t, opts{
+		mock: mockprovider.Config{Latency: 50 * time.Millisecond},
+		redisYML: fmt.Sprintf("redis: {mode: cluster, cluster: {addrs: [%s]}, min_replicas_acked: 1, replica_ack_timeout: 500ms}",
+			strings.Join(addrs, ", ")),
+	})
+	api := s.startAPI()
+	s.startWorker()
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+
+	const n = 60
+	ids := make([]string, n)
+	resent := make([]int, n)
+	accepted := make([]time.Time, n)
+	done := make(chan struct{}, n) // one per request accepted (or given up)
+	var wg sync.WaitGroup
+	tick := time.NewTicker(100 * time.Millisecond) // 10 submissions/s, spanning the failovers
+	defer tick.Stop()
+	wg.Go(func() {
+		var each sync.WaitGroup
+		for i := range n {
+			select {
+			case <-tick.C:
+			case <-ctx.Done():
+				return
+			}
+			each.Go(func() {
+				ids[i], resent[i] = submitUntilAccepted(ctx, t, api, i)
+				accepted[i] = time.Now()
+				done <- struct{}{}
+			})
+		}
+		each.Wait()
+	})
+	seen := map[string]bool{}
+	keys := clusterMasterKeys(t, api, c)
+	var first time.Time
+	for i, key := range keys {
+		// Failover i once 15·(i+1) requests are in: under traffic, with
+		// requests before, between and after.
+		for range n / 4 {
+			select {
+			case <-done:
+			case <-ctx.Done():
+				t.Fatal("requests stopped coming before the failovers")
+			}
+		}
+		if i == 0 {
+			first = time.Now()
+		}
+		old, promoted, err := c.Failover(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("failed over %s (holding %s) to %s", old, key, promoted)
+		seen[old] = true
+	}
+	last := time.Now()
+	wg.Wait()
+	if len(seen) != 3 {
+		t.Fatalf("failed over %d distinct masters, want 3", len(seen))
+	}
+	// The failovers happened under traffic: requests were accepted
+	// during them and after the last.
+	during, after := 0, 0
+	for _, at := range accepted {
+		switch {
+		case at.After(last):
+			after++
+		case at.After(first):
+			during++
+		}
+	}
+	t.Logf("failovers took %s; requests accepted during them %d, after them %d", last.Sub(first).Round(time.Millisecond), during, after)
+	if during == 0 || after == 0 {
+		t.Fatalf("requests accepted during the failovers %d, after them %d: the failovers did not happen under traffic", during, after)
+	}
+	total := 0
+	for i, id := range ids {
+		if id == "" {
+			t.Fatalf("request %d was never accepted", i)
+		}
+		total += resent[i]
+		api.waitStatus(t, id, time.Minute, "completed")
+	}
+	t.Logf("%d requests completed; %d submissions answered 503 and resent; provider calls %d",
+		n, total, s.mock.Stats().Total().Requests)
+}
+
+// submitUntilAccepted submits request i with an Idempotency-Key of its
+// own until it is answered 202, waiting Retry-After after each 503, as an
+// SDK would; it returns the request's id and how many 503s it got.
+func submitUntilAccepted(ctx context.Context, t *testing.T, api *apiProc, i int) (string, int) {
+	key := fmt.Sprintf("cluster-failover-%d", i)
+	body := ask(fmt.Sprintf("cluster failover request %d", i))
+	for n503 := 0; ; n503++ {
+		code, out, hdr := call(t, "POST", api.ts.URL+"/v1/requests", devToken, body, "Idempotency-Key", key)
+		switch code {
+		case http.StatusAccepted:
+			id, _ := out["id"].(string)
+			return id, n503
+		case http.StatusServiceUnavailable:
+			if hdr.Get("Retry-After") == "" {
+				t.Errorf("request %d: 503 without Retry-After: %v", i, out)
+			}
+		default:
+			t.Errorf("request %d: %d %v", i, code, out)
+			return "", n503
+		}
+		select {
+		case <-ctx.Done():
+			t.Errorf("request %d: still refused when the test ended", i)
+			return "", n503
+		case <-time.After(200 * time.Millisecond): // the client's back-off: a retry policy, not a wait for an event
+		}
+	}
+}
+
+// clusterMasterKeys returns a key on each of the cluster's three masters,
+// the {job} concept's first.
+func clusterMasterKeys(t *testing.T, api *apiProc, c *testenv.Cluster) []string {
+	t.Helper()
+	cc := c.Client(t)
+	byMaster := map[string]string{}
+	var keys []string
+	add := func(key string) {
+		m, err := cc.MasterForKey(t.Context(), key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a := m.Options().Addr; byMaster[a] == "" {
+			byMaster[a] = key
+			keys = append(keys, key)
+		}
+	}
+	add(api.base.Jobs.RecordKey("any"))
+	for i := 0; len(keys) < 3 && i < 1000; i++ {
+		add(fmt.Sprintf("{probe-%d}", i))
+	}
+	if len(keys) != 3 {
+		t.Fatalf("keys on %d masters, want 3", len(keys))
+	}
+	return keys
+}

@@ -123,60 +123,190 @@ func logTails(servers []*server) string {
 	return b.String()
 }
 
-// Cluster is a Redis Cluster of three masters (no replicas) on loopback.
+// Cluster is a Redis Cluster of three masters on loopback, each with a
+// replica when started by RedisClusterWithReplicas.
 type Cluster struct {
-	// Addrs are the masters' host:port.
-	Addrs   []string
-	servers []*server
+	// Addrs are the masters' host:port at the start.
+	Addrs []string
+	// Replicas are the replicas' host:port at the start (none for
+	// RedisCluster).
+	Replicas []string
+	servers  []*server
 }
 
 // RedisCluster starts a three-master Redis Cluster for t, every hash slot
 // assigned and cluster_state:ok on every node, stopped at cleanup.
 func RedisCluster(t testing.TB) *Cluster {
 	t.Helper()
+	return startCluster(t, 0)
+}
+
+// RedisClusterWithReplicas starts a three-master Redis Cluster whose
+// masters each have a replica in sync, for failover tests (Failover).
+func RedisClusterWithReplicas(t testing.TB) *Cluster {
+	t.Helper()
+	return startCluster(t, 1)
+}
+
+func startCluster(t testing.TB, replicas int) *Cluster {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), haStartTimeout)
 	defer cancel()
 	dir := t.TempDir()
-	ports, err := freePorts(6) // three client ports, three cluster-bus ports
+	n := 3 * (1 + replicas)
+	ports, err := freePorts(2 * n) // client ports, then cluster-bus ports
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := &Cluster{}
 	t.Cleanup(func() { stopAll(c.servers) })
-	for i := range 3 {
-		p, bus := strconv.Itoa(ports[i]), strconv.Itoa(ports[3+i])
+	var all []string
+	for i := range n {
+		p, bus := strconv.Itoa(ports[i]), strconv.Itoa(ports[n+i])
 		s := &server{name: "cluster-" + p, addr: "127.0.0.1:" + p, log: filepath.Join(dir, "cluster-"+p+".log"),
 			args: []string{"--port", p, "--bind", "127.0.0.1", "--cluster-enabled", "yes", "--cluster-port", bus,
 				"--cluster-config-file", "nodes-" + p + ".conf", "--cluster-node-timeout", "5000",
-				"--save", "", "--appendonly", "no", "--dir", dir}}
+				"--save", "", "--appendonly", "no", "--dir", dir, "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"}}
 		if err := s.start(dir); err != nil {
 			t.Fatal(err)
 		}
 		c.servers = append(c.servers, s)
-		c.Addrs = append(c.Addrs, s.addr)
+		all = append(all, s.addr)
 	}
 	for _, s := range c.servers {
 		if err := waitPing(ctx, s.addr); err != nil {
 			t.Fatalf("%v\n%s", err, logTails(c.servers))
 		}
 	}
-	args := append([]string{"--cluster", "create"}, c.Addrs...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	args := append([]string{"--cluster", "create"}, all...)
+	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
 	if out, err := exec.CommandContext(ctx, "redis-cli", args...).CombinedOutput(); err != nil {
 		t.Fatalf("testenv: redis-cli --cluster create: %v\n%s\n%s", err, out, logTails(c.servers))
 	}
 	for _, s := range c.servers {
-		cl := redis.NewClient(&redis.Options{Addr: s.addr})
-		err := poll(ctx, "cluster_state:ok on "+s.addr, func(ctx context.Context) (bool, error) {
-			info, err := cl.ClusterInfo(ctx).Result()
-			return err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, "cluster_known_nodes:3"), err
-		})
-		cl.Close()
-		if err != nil {
+		if err := c.waitNode(ctx, s.addr, n); err != nil {
+			t.Fatalf("%v\n%s", err, logTails(c.servers))
+		}
+	}
+	// A manual failover needs the master to know the replica as its own;
+	// that spreads by gossip after the replicas synced.
+	for _, s := range c.servers {
+		if err := waitTopology(ctx, s.addr, 3, 3*replicas); err != nil {
 			t.Fatalf("%v\n%s", err, logTails(c.servers))
 		}
 	}
 	return c
+}
+
+// waitTopology waits until the node at addr sees masters masters and
+// replicas replicas, each connected and none flagged failing or in
+// handshake (CLUSTER NODES).
+func waitTopology(ctx context.Context, addr string, masters, replicas int) error {
+	cl := redis.NewClient(&redis.Options{Addr: addr})
+	defer cl.Close()
+	return poll(ctx, "cluster topology seen by "+addr, func(ctx context.Context) (bool, error) {
+		nodes, err := cl.ClusterNodes(ctx).Result()
+		if err != nil {
+			return false, err
+		}
+		m, r := 0, 0
+		for line := range strings.SplitSeq(strings.TrimSpace(nodes), "\n") {
+			f := strings.Fields(line)
+			if len(f) < 8 || f[7] != "connected" || strings.Contains(f[2], "fail") ||
+				strings.Contains(f[2], "handshake") || strings.Contains(f[2], "noaddr") {
+				return false, nil
+			}
+			switch {
+			case strings.Contains(f[2], "master"):
+				m++
+			case strings.Contains(f[2], "slave") && f[3] != "-":
+				r++
+			}
+		}
+		return m == masters && r == replicas, nil
+	})
+}
+
+// waitNode waits until the node at addr sees a healthy cluster of n nodes
+// and, when it is a replica, is in sync with its master; it records the
+// node as master or replica.
+func (c *Cluster) waitNode(ctx context.Context, addr string, n int) error {
+	cl := redis.NewClient(&redis.Options{Addr: addr})
+	defer cl.Close()
+	known := "cluster_known_nodes:" + strconv.Itoa(n)
+	if err := poll(ctx, "cluster_state:ok on "+addr, func(ctx context.Context) (bool, error) {
+		info, err := cl.ClusterInfo(ctx).Result()
+		return err == nil && strings.Contains(info, "cluster_state:ok") && strings.Contains(info, known), err
+	}); err != nil {
+		return err
+	}
+	role, err := redisha.InfoField(ctx, cl, "replication", "role")
+	if err != nil {
+		return err
+	}
+	if role == "master" {
+		c.Addrs = append(c.Addrs, addr)
+		return nil
+	}
+	c.Replicas = append(c.Replicas, addr)
+	return poll(ctx, "replica "+addr+" in sync", func(ctx context.Context) (bool, error) {
+		v, err := redisha.InfoField(ctx, cl, "replication", "master_link_status")
+		return v == "up", err
+	})
+}
+
+// Failover has the replica of the master that holds key take over (a
+// coordinated CLUSTER FAILOVER: the replica catches up first, so no
+// acknowledged write is lost) and returns the old and the new master's
+// addresses once the new one serves the slot and the old one replicates it.
+func (c *Cluster) Failover(ctx context.Context, key string) (old, promoted string, err error) {
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs})
+	defer cc.Close()
+	m, err := cc.MasterForKey(ctx, key)
+	if err != nil {
+		return "", "", fmt.Errorf("testenv: master of %s: %w", key, err)
+	}
+	old = m.Options().Addr
+	slave0, err := redisha.InfoField(ctx, m, "replication", "slave0")
+	if err != nil || slave0 == "" {
+		return "", "", fmt.Errorf("testenv: replica of %s: %q %v", old, slave0, err)
+	}
+	promoted = replicaAddr(slave0)
+	rc := redis.NewClient(&redis.Options{Addr: promoted})
+	defer rc.Close()
+	if err := rc.ClusterFailover(ctx).Err(); err != nil {
+		return "", "", fmt.Errorf("testenv: CLUSTER FAILOVER on %s: %w", promoted, err)
+	}
+	oc := redis.NewClient(&redis.Options{Addr: old})
+	defer oc.Close()
+	err = poll(ctx, promoted+" master and "+old+" its replica", func(ctx context.Context) (bool, error) {
+		r, err := redisha.InfoField(ctx, rc, "replication", "role")
+		if err != nil || r != "master" {
+			return false, err
+		}
+		link, err := redisha.InfoField(ctx, oc, "replication", "master_link_status")
+		return link == "up", err
+	})
+	if err != nil {
+		return "", "", fmt.Errorf("%w\n%s", err, logTails(c.servers))
+	}
+	return old, promoted, nil
+}
+
+// replicaAddr reads host:port from an INFO replication slaveN value
+// ("ip=127.0.0.1,port=7001,state=online,offset=…,lag=0").
+func replicaAddr(v string) string {
+	var ip, port string
+	for f := range strings.SplitSeq(v, ",") {
+		k, val, _ := strings.Cut(f, "=")
+		switch k {
+		case "ip":
+			ip = val
+		case "port":
+			port = val
+		}
+	}
+	return net.JoinHostPort(ip, port)
 }
 
 // Client returns a cluster client, closed at cleanup.
