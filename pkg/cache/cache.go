@@ -47,7 +47,8 @@ type Hit struct {
 	Similarity float64
 	// Age is how long ago the answer was stored.
 	Age time.Duration
-	// Response is the stored answer, as given to Store.
+	// Response is the stored answer, as given to Store. It may be shared
+	// with other hits (the memo): read it, never modify it.
 	Response json.RawMessage
 	// ID is the row id of the answer (0 on a miss).
 	ID int64
@@ -73,6 +74,11 @@ type Stats struct {
 	// StoresShed are answers not stored because the answer writer's queue
 	// was full (PostgreSQL slower than the answers arrive).
 	StoresShed int64
+	// MemoHits are the exact hits the memo served without PostgreSQL
+	// (counted in ExactHits too).
+	MemoHits int64
+	// MemoEntries is how many answers the memo holds now (not cumulative).
+	MemoEntries int64
 }
 
 // Cache is layer 1: a semantic cache of final answers in PostgreSQL with
@@ -94,10 +100,11 @@ type Cache struct {
 	hits    hitLog
 	run     runner
 	answers atomic.Pointer[groupcommit.Writer[pendingAnswer]] // while Start runs
+	memo    atomic.Pointer[memo]                              // after EnableMemo (memo.go)
 
 	lookups, exactHits, semHits, misses, guardRejected atomic.Int64
 	stores, errs, hitsLost, hitWrites                  atomic.Int64
-	storesShed                                         atomic.Int64
+	storesShed, memoHits                               atomic.Int64
 
 	// failMu guards the warning limiter.
 	failMu     sync.Mutex
@@ -196,7 +203,7 @@ func (c *Cache) buildSQL() {
 	name := quoteLiteral(c.emb.Name())
 	vec := fmt.Sprintf("embedding::vector(%d)", c.emb.Dims())
 
-	c.sqlExact = `SELECT id, response, extract(epoch FROM now() - created_at)
+	c.sqlExact = `SELECT id, response, extract(epoch FROM now() - created_at), extract(epoch FROM expires_at - now())
 FROM semantic_cache WHERE scope = $1 AND prompt_hash = $2 AND expires_at > now()`
 
 	// One round trip. "live" counts the scope's live rows up to the
@@ -377,16 +384,36 @@ func (c *Cache) LookupExact(ctx context.Context, k Key) (Hit, error) {
 	return hit, err
 }
 
-// exact looks up the entry of scope sc and prompt; ok reports a hit.
+// exact looks up the entry of scope sc and prompt, in the memo first when
+// there is one; ok reports a hit.
 func (c *Cache) exact(ctx context.Context, sc, prompt string) (hit Hit, ok bool, err error) {
 	hit = Hit{Kind: job.CachedExact, Similarity: 1}
-	var ageSec float64
+	hash := PromptHash(prompt)
+	key := memoKey(sc, hash)
+	m := c.memo.Load()
+	var gen uint64
+	if m != nil {
+		now := time.Now()
+		if e, ok := m.get(key, now); ok {
+			hit.ID, hit.Response, hit.Age = e.id, e.response, now.Sub(e.created)
+			c.exactHits.Add(1)
+			c.memoHits.Add(1)
+			c.recordHit(hit.ID)
+			return hit, true, nil
+		}
+		gen = m.generation()
+	}
+	var ageSec, leftSec float64
 	qctx, cancel := context.WithTimeout(ctx, c.cfg.QueryTimeout)
-	err = c.pool.QueryRow(qctx, c.sqlExact, sc, PromptHash(prompt)).Scan(&hit.ID, &hit.Response, &ageSec)
+	err = c.pool.QueryRow(qctx, c.sqlExact, sc, hash).Scan(&hit.ID, &hit.Response, &ageSec, &leftSec)
 	cancel()
 	switch {
 	case err == nil:
 		hit.Age = seconds(ageSec)
+		if m != nil {
+			now := time.Now()
+			m.put(gen, key, memoEntry{id: hit.ID, response: hit.Response, created: now.Add(-hit.Age)}, now, seconds(leftSec))
+		}
 		c.exactHits.Add(1)
 		c.recordHit(hit.ID)
 		return hit, true, nil
@@ -585,6 +612,7 @@ func (c *Cache) InvalidateCase(ctx context.Context, tenant, caseID string) (int6
 		return 0, errors.New("cache: InvalidateCase: empty case id")
 	}
 	tag, err := c.pool.Exec(ctx, `DELETE FROM semantic_cache WHERE case_id = $1 AND ($2 = '' OR tenant = $2)`, caseID, tenant)
+	c.ForgetMemo() // even after an error: the delete may have happened
 	if err != nil {
 		return 0, fmt.Errorf("cache: invalidate case: %w: %w", ErrUnavailable, err)
 	}
@@ -596,10 +624,33 @@ func (c *Cache) InvalidateCase(ctx context.Context, tenant, caseID string) (int6
 // returns the number of answers deleted.
 func (c *Cache) InvalidateNamespace(ctx context.Context, tenant, layer string) (int64, error) {
 	tag, err := c.pool.Exec(ctx, `DELETE FROM semantic_cache WHERE ($1 = '' OR tenant = $1) AND ($2 = '' OR layer = $2)`, tenant, layer)
+	c.ForgetMemo() // even after an error: the delete may have happened
 	if err != nil {
 		return 0, fmt.Errorf("cache: invalidate namespace: %w: %w", ErrUnavailable, err)
 	}
 	return tag.RowsAffected(), nil
+}
+
+// EnableMemo puts the memo (memo.go) in front of exact lookups. Call it
+// only in a process that calls ForgetMemo whenever another process
+// invalidates answers.
+func (c *Cache) EnableMemo() {
+	c.memo.CompareAndSwap(nil, newMemo(c.cfg.MemoEntries, c.cfg.MemoTTL))
+}
+
+func (c *Cache) memoLen() int64 {
+	if m := c.memo.Load(); m != nil {
+		return int64(m.lru.Len())
+	}
+	return 0
+}
+
+// ForgetMemo empties the memo: answers were invalidated somewhere (or a
+// notice of that may have been missed). It does nothing without a memo.
+func (c *Cache) ForgetMemo() {
+	if m := c.memo.Load(); m != nil {
+		m.forget()
+	}
 }
 
 // PurgeExpired deletes expired answers in batches of 5,000 and returns how
@@ -630,6 +681,8 @@ func (c *Cache) Stats() Stats {
 		GuardRejected:  c.guardRejected.Load(),
 		Stores:         c.stores.Load(),
 		StoresShed:     c.storesShed.Load(),
+		MemoHits:       c.memoHits.Load(),
+		MemoEntries:    c.memoLen(),
 		Errors:         c.errs.Load(),
 		HitCountsLost:  c.hitsLost.Load(),
 		HitCountWrites: c.hitWrites.Load(),

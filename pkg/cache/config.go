@@ -32,6 +32,8 @@ const (
 	FailLogIntervalDefault     = time.Minute
 	QueryTimeoutDefault        = 500 * time.Millisecond
 	HitFlushDefault            = time.Second
+	MemoEntriesDefault         = 10000
+	MemoTTLDefault             = 10 * time.Second
 )
 
 // TTLDefault returns the default time to live per layer: router 24 h, agent
@@ -152,6 +154,14 @@ type Config struct {
 	// FailLogInterval is the least time between two warnings about the
 	// database or embedder failing. Default FailLogIntervalDefault (1 min).
 	FailLogInterval time.Duration `yaml:"fail_log_interval"`
+	// MemoEntries is how many exact answers the memo keeps (least
+	// recently used first out), once EnableMemo turns it on. Default
+	// MemoEntriesDefault (10,000).
+	MemoEntries int `yaml:"memo_entries"`
+	// MemoTTL is the longest an answer stays in the memo: how long an
+	// answer invalidated elsewhere can still be served here should the
+	// notice be lost (memo.go). Default MemoTTLDefault (10 s).
+	MemoTTL time.Duration `yaml:"memo_ttl"`
 }
 
 // WithDefaults returns a copy of c with defaults filled in. Maps and slices
@@ -210,6 +220,12 @@ func (c Config) WithDefaults() Config {
 	if c.FailLogInterval == 0 {
 		c.FailLogInterval = FailLogIntervalDefault
 	}
+	if c.MemoEntries == 0 {
+		c.MemoEntries = MemoEntriesDefault
+	}
+	if c.MemoTTL == 0 {
+		c.MemoTTL = MemoTTLDefault
+	}
 	return c
 }
 
@@ -217,6 +233,9 @@ func (c Config) WithDefaults() Config {
 func (c Config) Validate() error {
 	if !(c.Threshold > 0 && c.Threshold <= 1) {
 		return fmt.Errorf("cache: Config.Threshold %v: want 0 < threshold <= 1", c.Threshold)
+	}
+	if c.MemoEntries < 1 || c.MemoTTL <= 0 {
+		return fmt.Errorf("cache: Config.MemoEntries %d, MemoTTL %s: want both > 0", c.MemoEntries, c.MemoTTL)
 	}
 	for layer, ttl := range c.TTL {
 		if layer == "" {

@@ -120,4 +120,12 @@
 // InvalidateCase and InvalidateNamespace delete rows, so nothing stale is
 // served from the next lookup on; PurgeExpired reclaims expired rows (they
 // are never served before that either).
+//
+// # The memo
+//
+// A process that hears the fleet's invalidations (an API process, through
+// pkg/progress) turns on the memo with EnableMemo: its recent exact hits in
+// memory, in front of PostgreSQL, each for at most Config.MemoTTL and never
+// past its row's expiry. Its own invalidations empty it at once, others'
+// through ForgetMemo (memo.go).
 package cache

@@ -97,7 +97,8 @@ func (c *Config) CacheConfig() cache.Config {
 	ca := c.Cache
 	return cache.Config{Threshold: ca.Threshold, TTL: ca.TTL, DefaultLayer: ca.DefaultLayer,
 		TenantIsolation: ca.TenantIsolation, ProtectedPatterns: ca.ProtectedPatterns,
-		IndexM: ca.Index.M, IndexEfConstruction: ca.Index.EfConstruction}
+		IndexM: ca.Index.M, IndexEfConstruction: ca.Index.EfConstruction,
+		MemoEntries: ca.Memo.Entries, MemoTTL: ca.Memo.TTL}
 }
 
 // EmbedConfig configures the cache's embedder (pkg/embed).

@@ -347,7 +347,26 @@ type Cache struct {
 	// ef_construction). Default 16 and 64: lower ones make each stored
 	// answer cheaper to index and lose semantic hits (README, Performance).
 	Index CacheIndex `yaml:"index"`
+	// Memo keeps each API process's recent exact hits in memory in front
+	// of PostgreSQL. Default on, 10,000 answers, 10s.
+	Memo CacheMemo `yaml:"memo"`
 }
+
+// CacheMemo configures the exact-hit memo of API processes
+// (cache.Config.MemoEntries, MemoTTL; README, Layer 1).
+type CacheMemo struct {
+	// Enabled: default true.
+	Enabled *bool `yaml:"enabled"`
+	// Entries is how many answers it holds. Default 10000.
+	Entries int `yaml:"entries"`
+	// TTL is how long an answer stays: the longest an answer invalidated
+	// by another process is still served should its notice be lost.
+	// Default 10s.
+	TTL time.Duration `yaml:"ttl"`
+}
+
+// MemoEnabled reports whether API processes keep the memo.
+func (c CacheMemo) MemoEnabled() bool { return c.Enabled == nil || *c.Enabled }
 
 // CacheIndex holds the HNSW index's build parameters (cache.Config.IndexM,
 // IndexEfConstruction).

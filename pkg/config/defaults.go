@@ -159,6 +159,8 @@ func (c *Config) setDefaults() {
 	}
 	orDefault(&ca.Threshold, CacheThresholdDefault)
 	orDefault(&ca.DefaultLayer, CacheDefaultLayerDefault)
+	orDefault(&ca.Memo.Entries, cache.MemoEntriesDefault)
+	orDefault(&ca.Memo.TTL, cache.MemoTTLDefault)
 	ca.TTL = withDefaults(ca.TTL, cache.TTLDefault())
 	orDefault(&ca.Embedder.Kind, embed.KindDefault)
 

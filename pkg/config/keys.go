@@ -16,6 +16,7 @@ package config
 //	<prefix>history:outbox                                pkg/history
 //	<prefix>sweep:lock, alerts:down                       pkg/maintenance
 //	<prefix>tenant:<name> (GCRA state)                    Tenant below
+//	<prefix>cache:invalidated (channel)                   CacheInvalidated below
 //
 // asynq keeps its own keys under "asynq:{<queue>}:…" (pkg/queue/keys.go)
 // and a few global ones ("asynq:queues", "asynq:servers", …).
@@ -45,7 +46,7 @@ package config
 // The single-key concepts carry no tag and spread over the cluster by
 // their own names: coalescing claims (inflight:<ref>), tenant rate state,
 // the queue's start log, alert throttles, the history outbox, the sweep
-// lock. Pub/Sub channels (events, queue:dequeued) are not keys: PUBLISH
+// lock. Pub/Sub channels (events, queue:dequeued, cache:invalidated) are not keys: PUBLISH
 // reaches subscribers on every node.
 //
 // The trade-off: a tagged concept lives on one master, whose CPU bounds
@@ -87,3 +88,7 @@ func (k Keyspace) HistoryOutbox() string { return string(k) + "history:outbox" }
 
 // Tenant is the key of a tenant's submission-rate (GCRA) state.
 func (k Keyspace) Tenant(name string) string { return string(k) + "tenant:" + name }
+
+// CacheInvalidated is the Pub/Sub channel on which a process that deleted
+// cached answers tells every API process to empty its memo of exact hits.
+func (k Keyspace) CacheInvalidated() string { return string(k) + "cache:invalidated" }

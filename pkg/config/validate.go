@@ -201,6 +201,9 @@ func (c *Config) validate() error {
 			add(fmt.Sprintf("cache.protected_patterns[%d]", i), "invalid regular expression: %v", err)
 		}
 	}
+	if ca.Memo.Entries <= 0 || ca.Memo.TTL <= 0 {
+		add("cache.memo", "entries and ttl must be > 0 (enabled: false turns it off)")
+	}
 	switch ca.Embedder.Kind {
 	case "local":
 	case "openai":

@@ -52,6 +52,7 @@ const (
 	NameKeysDisabled      = "bulwark_keys_disabled_total"
 	NameCacheUnavailable  = "bulwark_cache_unavailable_total"
 	NameCacheStoresShed   = "bulwark_cache_stores_shed_total"
+	NameCacheMemoHits     = "bulwark_cache_memo_hits_total"
 	NameTokensSaved       = "bulwark_compression_tokens_saved_total"
 	NameHistoryErrors     = "bulwark_history_write_errors_total"
 	NameHistoryDropped    = "bulwark_history_dropped_total"

@@ -73,6 +73,12 @@ type Config struct {
 	// Probe is how often the hub checks that its subscription still hears
 	// what is published (package doc). Default 500ms.
 	Probe time.Duration
+	// Notices are other channels the process listens to on the same
+	// connection (e.g. cache invalidations): channel -> what to do. The
+	// function runs for each message on its channel, and each time the
+	// channel is subscribed (again), since a notice may have been missed
+	// before. It must not block.
+	Notices map[string]func()
 }
 
 // Hub is the per-process event fan-out. Start it with Run.
@@ -240,7 +246,11 @@ func (h *Hub) Run(ctx context.Context) error {
 func (h *Hub) listen(ctx context.Context) time.Duration {
 	ctx, stop := context.WithCancel(ctx)
 	defer stop()
-	ps := h.rdb.Subscribe(ctx, h.cfg.Channel, h.pos.DequeuedChannel(), h.probeChannel)
+	channels := []string{h.cfg.Channel, h.pos.DequeuedChannel(), h.probeChannel}
+	for ch := range h.cfg.Notices {
+		channels = append(channels, ch)
+	}
+	ps := h.rdb.Subscribe(ctx, channels...)
 	defer func() { _ = ps.Close() }()
 	var live liveness
 	live.heard.Store(time.Now().UnixNano())
@@ -279,11 +289,17 @@ func (h *Hub) receive(m any, live *liveness) {
 		// Subscribed again (after a reconnect, or after the hub found its
 		// subscription deaf): anything published in between was missed,
 		// so every stream replays.
-		if m.Kind == "subscribe" && m.Channel == h.cfg.Channel {
+		if m.Kind != "subscribe" {
+			return
+		}
+		if m.Channel == h.cfg.Channel {
 			if h.subscribed {
 				h.markAllLagged()
 			}
 			h.subscribed = true
+		}
+		if f, ok := h.cfg.Notices[m.Channel]; ok {
+			f() // a notice may have come before this (re)subscription
 		}
 	case *redis.Message:
 		switch m.Channel {
@@ -295,6 +311,10 @@ func (h *Hub) receive(m any, live *liveness) {
 			case h.kick <- struct{}{}:
 			default:
 			}
+			return
+		}
+		if f, ok := h.cfg.Notices[m.Channel]; ok {
+			f()
 			return
 		}
 		// Every API process hears every event of the fleet; most are for

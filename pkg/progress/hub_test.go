@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -615,4 +617,34 @@ func TestLivenessSilence(t *testing.T) {
 			t.Errorf("%s: silence = %v, want %v", c.name, got, c.want)
 		}
 	}
+}
+
+// A notice channel's function runs for each message on it, and again each
+// time the channel is subscribed after a reconnect (a notice may have been
+// missed meanwhile).
+func TestHubNotices(t *testing.T) {
+	t.Parallel()
+	var got atomic.Int64
+	ch := "notice-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	f := newFixture(t, Config{Notices: map[string]func(){ch: func() { got.Add(1) }}})
+	f.run(t)
+	waitCount := func(want int64) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for got.Load() < want {
+			if time.Now().After(deadline) {
+				t.Fatalf("notice function ran %d times, want %d", got.Load(), want)
+			}
+			time.Sleep(5 * time.Millisecond) // the hub signals nothing else to await
+		}
+	}
+	waitCount(1) // the first subscription
+	if err := f.rdb.Publish(t.Context(), ch, "x").Err(); err != nil {
+		t.Fatal(err)
+	}
+	waitCount(2)
+	if err := f.killHubConnection(t); err != nil {
+		t.Fatal(err)
+	}
+	waitCount(3)
 }

@@ -3,11 +3,14 @@ package service
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/go-redis/redis_rate/v10"
+	"github.com/redis/go-redis/v9"
 
 	"bulwark/pkg/alert"
+	"bulwark/pkg/cache"
 	"bulwark/pkg/config"
 	"bulwark/pkg/job"
 	"bulwark/pkg/keypool"
@@ -120,4 +123,36 @@ func (pr promoter) Promote(ctx context.Context, rec *job.Record, p priority.Prio
 		}
 	}
 	return nil
+}
+
+// cacheAdmin invalidates cached answers and tells every API process
+// (progress.Config.Notices) to empty its memo of exact hits, which may
+// still hold them (cache/memo.go).
+type cacheAdmin struct {
+	c       *cache.Cache
+	rdb     redis.UniversalClient
+	channel string // config.Keyspace.CacheInvalidated
+	logger  *slog.Logger
+}
+
+func (a cacheAdmin) InvalidateCase(ctx context.Context, tenant, caseID string) (int64, error) {
+	n, err := a.c.InvalidateCase(ctx, tenant, caseID)
+	a.tell(ctx)
+	return n, err
+}
+
+func (a cacheAdmin) InvalidateNamespace(ctx context.Context, tenant, layer string) (int64, error) {
+	n, err := a.c.InvalidateNamespace(ctx, tenant, layer)
+	a.tell(ctx)
+	return n, err
+}
+
+// tell announces an invalidation, even after a failed one (its delete may
+// have happened). Unannounced, the other processes' memos drop the
+// answers within cache.memo.ttl.
+func (a cacheAdmin) tell(ctx context.Context) {
+	if err := a.rdb.Publish(ctx, a.channel, "invalidated").Err(); err != nil {
+		a.logger.Warn("cache: could not tell the other API processes of an invalidation; their memos keep the answers up to cache.memo.ttl",
+			"err", err)
+	}
 }

@@ -294,11 +294,15 @@ func TestAdminBreakersQueuesReport(t *testing.T) {
 }
 
 // A cached answer of case c1 stops hitting once case c1 is invalidated;
-// another case's answer keeps hitting.
+// another case's answer keeps hitting. A second API process, whose memo
+// of exact hits holds c1's answer, hears of the invalidation made through
+// the first and drops it (its memo's TTL is a minute here: only the
+// notice can empty it within the test's wait).
 func TestAdminCacheInvalidate(t *testing.T) {
 	t.Parallel()
-	s := newSystem(t, opts{})
+	s := newSystem(t, opts{extraYML: "cache: {memo: {ttl: 1m}}"})
 	api := s.startAPI()
+	other := s.startAPI()
 	s.startWorker()
 	withCase := func(prompt, caseID string) map[string]any {
 		b := ask(prompt)
@@ -312,8 +316,8 @@ func TestAdminCacheInvalidate(t *testing.T) {
 		}
 		return n
 	}
-	// runs submits and returns how it was answered ("" while running).
-	runs := func(body map[string]any) string {
+	// runsOn submits through api and returns how it was answered.
+	runsOn := func(api *apiProc, body map[string]any) string {
 		t.Helper()
 		id, out := api.submitWith(t, devToken, body)
 		if out["status"] != "completed" {
@@ -325,6 +329,7 @@ func TestAdminCacheInvalidate(t *testing.T) {
 		}
 		return res["cached"].(string)
 	}
+	runs := func(body map[string]any) string { t.Helper(); return runsOn(api, body) }
 	c1 := withCase("Case c1: VIN 123 shows U0100 after OTA 3.2.1; which ECU lost comms?", "c1")
 	c2 := withCase("Completely unrelated: summarise the weekly charging statistics of depot B.", "c2")
 	for _, b := range []map[string]any{c1, c2} {
@@ -336,14 +341,25 @@ func TestAdminCacheInvalidate(t *testing.T) {
 	if got := runs(c1); got != "exact" {
 		t.Fatalf("second ask of c1 answered %q, want exact", got)
 	}
+	for range 2 { // the second from the other process's memo
+		if got := runsOn(other, c1); got != "exact" {
+			t.Fatalf("c1 through the other API process answered %q, want exact", got)
+		}
+	}
+	if st := other.base.Cache.Stats(); st.MemoHits != 1 || st.MemoEntries != 1 {
+		t.Fatalf("the other process's memo: %d hits, %d entries; want 1, 1", st.MemoHits, st.MemoEntries)
+	}
 	calls := s.mock.Stats().Total().OK
 
 	code, out, _ := call(t, "POST", api.ts.URL+"/admin/cache/invalidate", adminToken, map[string]any{"tenant": "demo", "case_id": "c1"})
 	if code != http.StatusOK || out["deleted"] != 1.0 {
 		t.Fatalf("invalidate c1: %d %v", code, out)
 	}
-	if got := runs(c1); got != "none" {
-		t.Fatalf("c1 after invalidation answered %q, want a miss", got)
+	waitFor(t, 5*time.Second, "the other process's memo to empty on the notice", func() bool {
+		return other.base.Cache.Stats().MemoEntries == 0
+	})
+	if got := runsOn(other, c1); got != "none" {
+		t.Fatalf("c1 after invalidation answered %q by the other process, want a miss", got)
 	}
 	if got := s.mock.Stats().Total().OK; got != calls+1 {
 		t.Fatalf("provider calls %d after the invalidated ask, want %d", got, calls+1)

@@ -22,9 +22,16 @@ func (b *Base) API() (api, admin http.Handler, hub *progress.Hub) {
 	cfg := b.Cfg
 	b.Registry.MustRegister(metrics.NewStateCollector(b.readState, 0))
 	var cacheDep intake.Cache
-	var cacheAdmin httpapi.CacheAdmin
+	var admCache httpapi.CacheAdmin
+	var notices map[string]func()
 	if b.Cache != nil {
-		cacheDep, cacheAdmin = b.Cache, b.Cache
+		ch := cfg.Redis.Keyspace().CacheInvalidated()
+		cacheDep, admCache = b.Cache, cacheAdmin{c: b.Cache, rdb: b.Redis, channel: ch, logger: b.Logger}
+		if cfg.Cache.Memo.MemoEnabled() {
+			// The hub empties the memo on every invalidation notice.
+			b.Cache.EnableMemo()
+			notices = map[string]func(){ch: b.Cache.ForgetMemo}
+		}
 	}
 	ic := cfg.IntakeConfig()
 	ic.CacheEnabled, ic.AfterStore = b.Cache != nil, b.afterStore()
@@ -33,14 +40,14 @@ func (b *Base) API() (api, admin http.Handler, hub *progress.Hub) {
 		Coalescer: b.Claims, Promoter: promoter{b}, Metrics: b.Metrics, Logger: b.Logger,
 		RateLimiter: tenantLimiter{l: redis_rate.NewLimiter(b.Redis), keys: cfg.Redis.Keyspace()},
 	})
-	hub = progress.New(b.Redis, b.Queue, progress.Config{Channel: b.Jobs.Channel()}, b.Logger)
+	hub = progress.New(b.Redis, b.Queue, progress.Config{Channel: b.Jobs.Channel(), Notices: notices}, b.Logger)
 	mon := asynqmon.New(asynqmon.Options{RootPath: "/admin/queues", ReadOnly: !cfg.Server.AdminQueuesWritable,
 		RedisConnOpt: redisconn.AsynqOpt(cfg.RedisConnConfig())})
 	httpCfg := cfg.HTTPConfig()
 	httpCfg.Tenants = cfg.TenantsByToken()
 	api, admin = httpapi.New(httpCfg, httpapi.Deps{
 		Intake: in, Jobs: b.Jobs, Queue: b.Queue, Hub: hub, History: b.History,
-		Keys: keyAdmin{b}, Breakers: b.Breakers, Cache: cacheAdmin, Reporter: reporter{b},
+		Keys: keyAdmin{b}, Breakers: b.Breakers, Cache: admCache, Reporter: reporter{b},
 		Models: cfg.ModelResolver(), Metrics: b.MetricsHandler(), Queues: mon, Profiles: profiles(),
 		Ready: map[string]httpapi.Pinger{
 			"redis": func(ctx context.Context) error { return b.Redis.Ping(ctx).Err() },

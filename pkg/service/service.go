@@ -187,6 +187,9 @@ func Open(ctx context.Context, cfg *config.Config, logger *slog.Logger) (b *Base
 		b.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: metrics.NameCacheStoresShed,
 			Help: "Provider answers not cached because the cache's answer writer was behind (PostgreSQL slower than the answers)."},
 			func() float64 { return float64(c.Stats().StoresShed) }))
+		b.Registry.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: metrics.NameCacheMemoHits,
+			Help: "Exact cache hits an API process answered from its memory, without PostgreSQL (also counted as exact hits)."},
+			func() float64 { return float64(c.Stats().MemoHits) }))
 		fd.Answers = c
 	}
 	b.Finisher = finish.New(fd)
