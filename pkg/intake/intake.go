@@ -104,10 +104,19 @@ type Promoter interface {
 	Promote(ctx context.Context, rec *job.Record, p priority.Priority) error
 }
 
+// ErrUnconfirmed is what Jobs.Create returns, with the id and created
+// true, for a request it stored but could not confirm durable in time
+// (redis.min_replicas_acked). Submit takes it on as usual — queued and run,
+// a failover being unlikely — and then returns the error, so the caller
+// is told to resend (503): a resend with the same Idempotency-Key finds
+// it, confirms it again and gets its status.
+var ErrUnconfirmed = errors.New("intake: request stored but not confirmed durable")
+
 // Jobs is the live request store.
 type Jobs interface {
 	// Create stores j unless the tenant has maxLive requests not ended
-	// (job.ErrTenantFull); maxLive <= 0 sets no limit.
+	// (job.ErrTenantFull); maxLive <= 0 sets no limit. An error wrapping
+	// ErrUnconfirmed comes with the id of a request that was stored.
 	Create(ctx context.Context, j *job.Job, ev job.Event, idemKey string, maxLive int) (string, bool, error)
 	// Idempotent returns the request tenant submitted with idemKey, or "".
 	Idempotent(ctx context.Context, tenant, idemKey string) (string, error)
@@ -290,6 +299,13 @@ func (in *Intake) Submit(ctx context.Context, t Tenant, s Submission) (*Accepted
 	// The record exists before the coalescing claim, so whoever finds this
 	// request leading can always read it.
 	id, created, err := in.jobs.Create(ctx, j, job.Event{Type: job.EventQueued}, s.IdempotencyKey, t.MaxQueued)
+	if errors.Is(err, ErrUnconfirmed) && created {
+		// Stored: it goes on, and the caller is told to resend.
+		if _, qerr := in.stored(ctx, j, s); qerr != nil {
+			return nil, qerr
+		}
+		return nil, err
+	}
 	if errors.Is(err, job.ErrTenantFull) {
 		in.metrics.AdmissionRejected.WithLabelValues(j.Priority.String(), metrics.ReasonTenantFull).Inc()
 		return nil, in.tenantFull(ctx, t)
@@ -300,6 +316,12 @@ func (in *Intake) Submit(ctx context.Context, t Tenant, s Submission) (*Accepted
 	if !created {
 		return in.existing(ctx, id, s)
 	}
+	return in.stored(ctx, j, s)
+}
+
+// stored takes a request just stored to its queue, or to the identical
+// request it joins, or to the answer that came meanwhile.
+func (in *Intake) stored(ctx context.Context, j *job.Job, s Submission) (*Accepted, error) {
 	if a, ok, err := in.coalesce(ctx, j, s); err != nil || ok {
 		return a, err
 	}

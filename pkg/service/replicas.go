@@ -25,10 +25,13 @@ import (
 // could not write.
 //
 // When the replicas do not confirm in time, submitting fails (503, "retry
-// shortly") and the record stays: should the master survive, the sweep
-// still runs it. A retry with the same Idempotency-Key finds that request
-// and confirms it again; one without may run the prompt twice. Nothing
-// accepted is lost either way.
+// shortly", intake.ErrUnconfirmed) but the request goes on: it is queued
+// and runs should the master survive, which it almost always does (the
+// replica was only slow). A retry with the same Idempotency-Key finds that
+// request, confirms it again and gets its status; one without may run
+// the prompt twice. Nothing accepted is lost either way. A record gone
+// from the master by the time it is confirmed (ErrKeyGone: a failover in
+// between) is a plain failure: there is nothing to run.
 type replicatedJobs struct {
 	*job.Store
 	rdb     redis.UniversalClient
@@ -57,6 +60,9 @@ func (r replicatedJobs) Create(ctx context.Context, j *job.Job, ev job.Event, id
 		return id, created, err
 	}
 	if err := r.confirm(ctx, id); err != nil {
+		if created && errors.Is(err, redisconn.ErrNotReplicated) {
+			return id, true, fmt.Errorf("%w: %w", intake.ErrUnconfirmed, err)
+		}
 		return "", false, err
 	}
 	return id, created, nil
