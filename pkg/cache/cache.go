@@ -404,6 +404,7 @@ func (c *Cache) exact(ctx context.Context, sc, prompt string) (hit Hit, ok bool,
 		gen = m.generation()
 	}
 	var ageSec, leftSec float64
+	start := time.Now() // before PostgreSQL's now(): a memo entry must not outlive its row
 	qctx, cancel := context.WithTimeout(ctx, c.cfg.QueryTimeout)
 	err = c.pool.QueryRow(qctx, c.sqlExact, sc, hash).Scan(&hit.ID, &hit.Response, &ageSec, &leftSec)
 	cancel()
@@ -411,8 +412,7 @@ func (c *Cache) exact(ctx context.Context, sc, prompt string) (hit Hit, ok bool,
 	case err == nil:
 		hit.Age = seconds(ageSec)
 		if m != nil {
-			now := time.Now()
-			m.put(gen, key, memoEntry{id: hit.ID, response: hit.Response, created: now.Add(-hit.Age)}, now, seconds(leftSec))
+			m.put(gen, key, memoEntry{id: hit.ID, response: hit.Response, created: start.Add(-hit.Age)}, start, seconds(leftSec))
 		}
 		c.exactHits.Add(1)
 		c.recordHit(hit.ID)

@@ -118,8 +118,9 @@
 // # Invalidation
 //
 // InvalidateCase and InvalidateNamespace delete rows, so nothing stale is
-// served from the next lookup on; PurgeExpired reclaims expired rows (they
-// are never served before that either).
+// served from the next lookup on (in another process with a memo: once
+// its notice arrives, or MemoTTL at most; see below); PurgeExpired
+// reclaims expired rows (they are never served before that either).
 //
 // # The memo
 //

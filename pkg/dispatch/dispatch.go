@@ -11,6 +11,8 @@
 // (consequences in route.go):
 //
 //	rate_limited       key cools (keypool), route breaker counts a failure, next key
+//	  capacity full    (a provisioned deployment's 429) the key waits its Retry-After
+//	                   (keypool.Full, no escalation), no breaker, next key
 //	quota, auth        key disabled until an operator re-enables it, alert, next key
 //	overloaded         route breaker counts a failure, next provider (no key cooldown)
 //	model_unavailable  route breaker counts a failure, next provider

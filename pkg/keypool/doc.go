@@ -128,7 +128,8 @@
 //   - Full (llm.CodeCapacityFull: a provisioned deployment, e.g. an Azure
 //     PTU, fully used at this moment): the key waits exactly the
 //     provider's Retry-After (CooldownBase without one) and nothing else
-//     changes: no count, no slower pace, no emptied bucket. Such a 429 is
+//     changes: no count, no slower pace, no emptied bucket (the reply's
+//     rate-limit headers still correct the key, as on any reply). Such a 429 is
 //     the deployment working as designed; escalating would park paid-for
 //     capacity for up to CooldownMax. The tokens are refunded.
 //   - Disable (quota, auth): the key is out, with the reason, until Enable;

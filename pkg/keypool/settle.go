@@ -43,9 +43,12 @@ const (
 	// (an Azure PTU deployment's 429, llm.CodeCapacityFull). That 429 is
 	// the deployment working as designed, not a limit the pool overran:
 	// the key waits out exactly the provider's Retry-After (CooldownBase
-	// when there is none); its 429 count, pace and buckets are left alone,
-	// so paid-for capacity is not parked for an escalating cooldown. The
-	// tokens are refunded (the call was refused).
+	// when there is none); its 429 count and pace are left alone, and its
+	// buckets too but for what rate-limit headers on the reply say (as on
+	// any reply), so paid-for capacity is not parked for an escalating
+	// cooldown. The tokens are refunded (the call was refused). It is not
+	// counted in bulwark_key_cooldowns_total; the call's outcome is
+	// capacity_full.
 	Full
 )
 

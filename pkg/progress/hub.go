@@ -30,6 +30,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -52,6 +53,12 @@ const (
 	// a probe unanswered, before the hub subscribes again: one late probe
 	// under load is no reason to make every stream replay.
 	staleProbes = 3
+	// deafProbes is how many Probes a probe may stay unanswered before the
+	// hub subscribes again even though other messages still arrive: after
+	// a failover the old master can still pass on what clients that have
+	// not switched yet publish, while this process's own probes (and
+	// every switched client's events) go to the new one.
+	deafProbes = 10
 )
 
 // Positioner reads the queued requests' positions and ETAs.
@@ -237,7 +244,7 @@ func (h *Hub) Run(ctx context.Context) error {
 			return nil
 		}
 		h.logger.Warn("progress: the event subscription heard nothing, not even its own probe; subscribing again (a Redis failover?)",
-			"silent", silent.Round(time.Millisecond))
+			"probe_unanswered_for", silent.Round(time.Millisecond))
 	}
 }
 
@@ -261,17 +268,22 @@ func (h *Hub) listen(ctx context.Context) time.Duration {
 
 	check := time.NewTicker(h.cfg.Probe)
 	defer check.Stop()
+	last := time.Now()
 	ch := ps.ChannelWithSubscriptions(redis.WithChannelSize(1024))
 	for {
 		select {
 		case <-ctx.Done():
 			return 0
 		case now := <-check.C:
-			// Messages already waiting (this loop was descheduled, not the
-			// subscription deaf) are read first.
-			if d := live.silence(now, staleProbes*h.cfg.Probe); d > 0 && len(ch) == 0 {
+			if now.Sub(last) > 2*h.cfg.Probe {
+				// The whole process stood still (GC, CPU throttling, a VM
+				// pause): what the socket holds is not read yet. Start over.
+				live.restart(now)
+			} else if d := live.silence(now, staleProbes*h.cfg.Probe, deafProbes*h.cfg.Probe); d > 0 && len(ch) == 0 {
+				// (Messages already waiting are read first.)
 				return d
 			}
+			last = now
 		case m, ok := <-ch:
 			if !ok {
 				return 0
@@ -304,7 +316,7 @@ func (h *Hub) receive(m any, live *liveness) {
 	case *redis.Message:
 		switch m.Channel {
 		case h.probeChannel:
-			live.unanswered.Store(0)
+			live.answered(m.Payload)
 			return
 		case h.pos.DequeuedChannel():
 			select {
@@ -332,21 +344,49 @@ func (h *Hub) receive(m any, live *liveness) {
 	}
 }
 
-// liveness is what one subscription has heard lately (unix ns).
+// liveness is what one subscription has heard lately. Times are unix ns.
 type liveness struct {
-	heard      atomic.Int64 // the last message or notice received
-	unanswered atomic.Int64 // when the oldest probe not heard back was sent; 0: none
+	heard atomic.Int64 // the last message or notice received
+	got   atomic.Int64 // the last probe heard back (its sequence number)
+	// since is when Redis took the oldest probe not heard back (0: none):
+	// from Redis's answer, not from sending, so a Redis that stalls does
+	// not age a probe it had not even received.
+	since atomic.Int64
 }
 
-// silence returns how long the subscription has heard nothing while a
-// probe is unanswered, when that is at least limit; else 0.
-func (l *liveness) silence(now time.Time, limit time.Duration) time.Duration {
-	sent := l.unanswered.Load()
-	if sent == 0 || now.Sub(time.Unix(0, sent)) < limit {
+// sent records that Redis took probe seq at now.
+func (l *liveness) sent(seq int64, now time.Time) {
+	if l.got.Load() < seq {
+		l.since.CompareAndSwap(0, now.UnixNano())
+	}
+}
+
+// answered records a probe heard back (payload: its sequence number).
+func (l *liveness) answered(payload string) {
+	if seq, err := strconv.ParseInt(payload, 10, 64); err == nil {
+		l.got.Store(seq)
+	}
+	l.since.Store(0)
+}
+
+// restart forgets the probes out and counts the subscription heard now.
+func (l *liveness) restart(now time.Time) {
+	l.since.Store(0)
+	l.heard.Store(now.UnixNano())
+}
+
+// silence reports how long a probe has been unanswered when the
+// subscription counts as deaf at now: a probe unanswered for limit with
+// nothing else heard for limit either, or a probe unanswered for deaf
+// whatever else arrived. Otherwise 0.
+func (l *liveness) silence(now time.Time, limit, deaf time.Duration) time.Duration {
+	since := l.since.Load()
+	if since == 0 {
 		return 0
 	}
-	if d := now.Sub(time.Unix(0, l.heard.Load())); d >= limit {
-		return d
+	out := now.Sub(time.Unix(0, since))
+	if out >= deaf || out >= limit && now.Sub(time.Unix(0, l.heard.Load())) >= limit {
+		return out
 	}
 	return 0
 }
@@ -357,15 +397,14 @@ func (l *liveness) silence(now time.Time, limit time.Duration) time.Duration {
 func (h *Hub) probe(ctx context.Context, live *liveness) {
 	t := time.NewTicker(h.cfg.Probe)
 	defer t.Stop()
-	for {
+	for seq := int64(1); ; seq++ {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		sent := time.Now().UnixNano()
-		if err := h.rdb.Publish(ctx, h.probeChannel, "probe").Err(); err == nil {
-			live.unanswered.CompareAndSwap(0, sent)
+		if err := h.rdb.Publish(ctx, h.probeChannel, strconv.FormatInt(seq, 10)).Err(); err == nil {
+			live.sent(seq, time.Now())
 		}
 	}
 }

@@ -593,29 +593,50 @@ func awaitPromoted(t *testing.T, rs *testenv.Sentinel, old string) string {
 	}
 }
 
-// A subscription is deaf only when a probe is overdue AND nothing else
-// arrived meanwhile: under load a probe can come back late behind a
-// backlog of events, and that must not make every stream replay.
+// A subscription is deaf when a probe is overdue and nothing else arrived
+// meanwhile (under load a probe can come back late behind a backlog of
+// events, and that must not make every stream replay), or when a probe is
+// long overdue whatever else arrives (an old master passing on what
+// clients that did not switch publish). A probe heard back, even out of
+// order, clears it; one Redis took after it was heard does not count.
 func TestLivenessSilence(t *testing.T) {
 	t.Parallel()
 	now := time.Now()
 	ago := func(d time.Duration) int64 { return now.Add(-d).UnixNano() }
+	const limit, deaf = time.Second, 5 * time.Second
 	for _, c := range []struct {
-		name              string
-		heard, unanswered int64
-		want              time.Duration
+		name         string
+		heard, since int64
+		want         time.Duration
 	}{
 		{"no probe out", ago(time.Hour), 0, 0},
 		{"probe not yet overdue", ago(time.Hour), ago(500 * time.Millisecond), 0},
 		{"probe overdue, events still arriving", ago(100 * time.Millisecond), ago(2 * time.Second), 0},
-		{"probe overdue, silent", ago(3 * time.Second), ago(2 * time.Second), 3 * time.Second},
+		{"probe overdue, silent", ago(3 * time.Second), ago(2 * time.Second), 2 * time.Second},
+		{"probe long overdue, events still arriving", ago(100 * time.Millisecond), ago(6 * time.Second), 6 * time.Second},
 	} {
 		var l liveness
 		l.heard.Store(c.heard)
-		l.unanswered.Store(c.unanswered)
-		if got := l.silence(now, time.Second); got != c.want {
+		l.since.Store(c.since)
+		if got := l.silence(now, limit, deaf); got != c.want {
 			t.Errorf("%s: silence = %v, want %v", c.name, got, c.want)
 		}
+	}
+
+	var l liveness
+	l.heard.Store(ago(time.Hour))
+	l.answered("3") // heard before Redis's answer reached the prober
+	l.sent(3, now.Add(-2*time.Second))
+	if got := l.silence(now, limit, deaf); got != 0 {
+		t.Errorf("a probe heard before its send was recorded: silence = %v, want 0", got)
+	}
+	l.sent(4, now.Add(-2*time.Second))
+	if got := l.silence(now, limit, deaf); got != 2*time.Second {
+		t.Errorf("probe 4 unanswered: silence = %v, want 2s", got)
+	}
+	l.answered("4")
+	if got := l.silence(now, limit, deaf); got != 0 {
+		t.Errorf("probe 4 heard: silence = %v, want 0", got)
 	}
 }
 

@@ -3,7 +3,9 @@
 // wait until a master, its replica and the sentinels agree (Settled); ask
 // which server is master (Master) or replica (Replica); have a sentinel
 // fail the master over (Failover); wait until every sentinel names a new
-// master (Promoted). SentinelConfig writes a sentinel's configuration file.
+// master (Promoted). SentinelConfig returns a sentinel's configuration
+// file's text. Poll and InfoField serve the Cluster helpers of pkg/testenv
+// too.
 //
 // # Who uses it
 //

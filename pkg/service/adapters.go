@@ -148,9 +148,12 @@ func (a cacheAdmin) InvalidateNamespace(ctx context.Context, tenant, layer strin
 }
 
 // tell announces an invalidation, even after a failed one (its delete may
-// have happened). Unannounced, the other processes' memos drop the
-// answers within cache.memo.ttl.
+// have happened), and even when the admin's request was cancelled.
+// Unannounced, the other processes' memos drop the answers within
+// cache.memo.ttl.
 func (a cacheAdmin) tell(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
 	if err := a.rdb.Publish(ctx, a.channel, "invalidated").Err(); err != nil {
 		a.logger.Warn("cache: could not tell the other API processes of an invalidation; their memos keep the answers up to cache.memo.ttl",
 			"err", err)

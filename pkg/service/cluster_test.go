@@ -295,7 +295,9 @@ func clusterComponents(ctx context.Context, t *testing.T, s *system, api *apiPro
 // the slots to the promoted replicas (MOVED), a submission the replicas
 // could not confirm in time is answered 503 and resent with its
 // Idempotency-Key, and every request answered 202 completes. The
-// {job} master goes first, then the other two.
+// {job} master goes first, then the other two. (A coordinated failover
+// loses no acknowledged write, so this does not test min_replicas_acked
+// itself: TestRedisSentinelUnconfirmedIs503 does.)
 func TestRedisClusterFailover(t *testing.T) {
 	t.Parallel()
 	c := testenv.RedisClusterWithReplicas(t)
@@ -313,37 +315,55 @@ func TestRedisClusterFailover(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 
-	const n = 60
-	ids := make([]string, n)
-	resent := make([]int, n)
-	accepted := make([]time.Time, n)
-	done := make(chan struct{}, n) // one per request accepted (or given up)
+	// Requests arrive at 10/s from before the first failover until 10
+	// after the last; every 10 accepted, the next master fails over.
+	const most, afterLast = 200, 10
+	var (
+		mu       sync.Mutex
+		ids      []string
+		resent   []int
+		accepted []time.Time
+	)
+	done := make(chan struct{}, most) // one per request accepted (or given up)
+	failedOver := make(chan struct{})
 	var wg sync.WaitGroup
-	tick := time.NewTicker(100 * time.Millisecond) // 10 submissions/s, spanning the failovers
+	defer func() { cancel(); wg.Wait() }() // no submitter outlives a failed test
+	tick := time.NewTicker(100 * time.Millisecond)
 	defer tick.Stop()
 	wg.Go(func() {
 		var each sync.WaitGroup
-		for i := range n {
+		defer each.Wait()
+		more := -1 // requests still to send once the failovers are over
+		for i := 0; i < most && more != 0; i++ {
 			select {
 			case <-tick.C:
 			case <-ctx.Done():
 				return
 			}
+			if more < 0 {
+				select {
+				case <-failedOver:
+					more = afterLast
+				default:
+				}
+			}
+			if more > 0 {
+				more--
+			}
 			each.Go(func() {
-				ids[i], resent[i] = submitUntilAccepted(ctx, t, api, i)
-				accepted[i] = time.Now()
-				done <- struct{}{}
+				defer func() { done <- struct{}{} }()
+				id, n503 := submitUntilAccepted(ctx, t, api, i)
+				mu.Lock()
+				ids, resent, accepted = append(ids, id), append(resent, n503), append(accepted, time.Now())
+				mu.Unlock()
 			})
 		}
-		each.Wait()
 	})
 	seen := map[string]bool{}
 	keys := clusterMasterKeys(t, api, c)
 	var first time.Time
 	for i, key := range keys {
-		// Failover i once 15·(i+1) requests are in: under traffic, with
-		// requests before, between and after.
-		for range n / 4 {
+		for range 10 {
 			select {
 			case <-done:
 			case <-ctx.Done():
@@ -361,6 +381,7 @@ func TestRedisClusterFailover(t *testing.T) {
 		seen[old] = true
 	}
 	last := time.Now()
+	close(failedOver)
 	wg.Wait()
 	if len(seen) != 3 {
 		t.Fatalf("failed over %d distinct masters, want 3", len(seen))
@@ -388,8 +409,11 @@ func TestRedisClusterFailover(t *testing.T) {
 		total += resent[i]
 		api.waitStatus(t, id, time.Minute, "completed")
 	}
-	t.Logf("%d requests completed; %d submissions answered 503 and resent; provider calls %d",
-		n, total, s.mock.Stats().Total().Requests)
+	calls := s.mock.Stats().Total().Requests
+	t.Logf("%d requests completed; %d submissions answered 503 and resent; provider calls %d", len(ids), total, calls)
+	if calls < int64(len(ids)) {
+		t.Errorf("provider calls %d for %d completed requests", calls, len(ids))
+	}
 }
 
 // submitUntilAccepted submits request i with an Idempotency-Key of its

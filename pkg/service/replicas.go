@@ -31,7 +31,9 @@ import (
 // request, confirms it again and gets its status; one without may run
 // the prompt twice. Nothing accepted is lost either way. A record gone
 // from the master by the time it is confirmed (ErrKeyGone: a failover in
-// between) is a plain failure: there is nothing to run.
+// between) is a plain failure: there is nothing to run. Any other error
+// of the confirmation (the connection broke, MOVED mid-failover) leaves
+// a stored record the orphan sweep queues 10-15 s later.
 type replicatedJobs struct {
 	*job.Store
 	rdb     redis.UniversalClient

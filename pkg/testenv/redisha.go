@@ -212,14 +212,19 @@ func waitTopology(ctx context.Context, addr string, masters, replicas int) error
 		m, r := 0, 0
 		for line := range strings.SplitSeq(strings.TrimSpace(nodes), "\n") {
 			f := strings.Fields(line)
-			if len(f) < 8 || f[7] != "connected" || strings.Contains(f[2], "fail") ||
-				strings.Contains(f[2], "handshake") || strings.Contains(f[2], "noaddr") {
+			if len(f) < 8 || f[7] != "connected" {
+				return false, nil
+			}
+			flags := strings.Split(f[2], ",") // e.g. myself,master; slave; master,fail?
+			if slices.ContainsFunc(flags, func(fl string) bool {
+				return fl == "fail" || fl == "fail?" || fl == "handshake" || fl == "noaddr"
+			}) {
 				return false, nil
 			}
 			switch {
-			case strings.Contains(f[2], "master"):
+			case slices.Contains(flags, "master"):
 				m++
-			case strings.Contains(f[2], "slave") && f[3] != "-":
+			case slices.Contains(flags, "slave") && f[3] != "-":
 				r++
 			}
 		}
