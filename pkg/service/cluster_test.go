@@ -33,13 +33,9 @@ import (
 func TestRedisCluster(t *testing.T) {
 	t.Parallel()
 	c := testenv.RedisCluster(t)
-	addrs := make([]string, len(c.Addrs))
-	for i, a := range c.Addrs {
-		addrs[i] = fmt.Sprintf("%q", a)
-	}
 	s := newSystem(t, opts{
 		mock:      mockprovider.Config{Latency: 50 * time.Millisecond},
-		redisYML:  fmt.Sprintf("redis: {mode: cluster, cluster: {addrs: [%s]}}", strings.Join(addrs, ", ")),
+		redisYML:  clusterYML(c, ""),
 		tenantYML: `{name: capped, token: "capped-token", max_priority: critical, max_queued: 20}`,
 	})
 	if s.cfg.Redis.Mode != "cluster" {
@@ -301,14 +297,9 @@ func clusterComponents(ctx context.Context, t *testing.T, s *system, api *apiPro
 func TestRedisClusterFailover(t *testing.T) {
 	t.Parallel()
 	c := testenv.RedisClusterWithReplicas(t)
-	addrs := make([]string, len(c.Addrs))
-	for i, a := range c.Addrs {
-		addrs[i] = fmt.Sprintf("%q", a)
-	}
 	s := newSystem(t, opts{
-		mock: mockprovider.Config{Latency: 50 * time.Millisecond},
-		redisYML: fmt.Sprintf("redis: {mode: cluster, cluster: {addrs: [%s]}, min_replicas_acked: 1, replica_ack_timeout: 500ms}",
-			strings.Join(addrs, ", ")),
+		mock:     mockprovider.Config{Latency: 50 * time.Millisecond},
+		redisYML: clusterYML(c, ", min_replicas_acked: 1, replica_ack_timeout: 500ms"),
 	})
 	api := s.startAPI()
 	s.startWorker()
@@ -470,4 +461,14 @@ func clusterMasterKeys(t *testing.T, api *apiProc, c *testenv.Cluster) []string 
 		t.Fatalf("keys on %d masters, want 3", len(keys))
 	}
 	return keys
+}
+
+// clusterYML is the redis section for c, with more settings appended
+// (", key: value").
+func clusterYML(c *testenv.Cluster, more string) string {
+	addrs := make([]string, len(c.Addrs))
+	for i, a := range c.Addrs {
+		addrs[i] = fmt.Sprintf("%q", a)
+	}
+	return fmt.Sprintf("redis: {mode: cluster, cluster: {addrs: [%s]}%s}", strings.Join(addrs, ", "), more)
 }
