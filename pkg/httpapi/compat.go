@@ -228,7 +228,7 @@ func (s *Server) compatSubmitError(c *gin.Context, d dialect, err error) {
 		d.fail(c, http.StatusTooManyRequests, "tenant_rate_limited", rl.Error())
 	default:
 		s.d.Logger.Error("compat submit failed", "err", err)
-		c.Header("Retry-After", retryShortly)
+		retryLater(c, err)
 		d.fail(c, http.StatusServiceUnavailable, "unavailable", "could not accept the request; retry shortly")
 	}
 }

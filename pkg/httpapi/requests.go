@@ -183,6 +183,16 @@ func (s *Server) submit(c *gin.Context) {
 // time): the official SDKs retry a 503 and honour it.
 const retryShortly = "1"
 
+// retryLater sets the headers of a submission refused with 503: when
+// and, for a request stored and running but not confirmed durable, which
+// request it is.
+func retryLater(c *gin.Context, err error) {
+	c.Header("Retry-After", retryShortly)
+	if ue, ok := errors.AsType[*intake.UnconfirmedError](err); ok {
+		c.Header("X-Bulwark-Request-Id", ue.ID)
+	}
+}
+
 // submitError maps intake errors to HTTP.
 func (s *Server) submitError(c *gin.Context, err error) {
 	var ie *intake.InputError
@@ -205,7 +215,7 @@ func (s *Server) submitError(c *gin.Context, err error) {
 		apiError(c, http.StatusTooManyRequests, "tenant_rate_limited", "", rl.Error())
 	default:
 		s.d.Logger.Error("submit failed", "err", err)
-		c.Header("Retry-After", retryShortly)
+		retryLater(c, err)
 		apiError(c, http.StatusServiceUnavailable, "unavailable", "", "could not accept the request; retry shortly")
 	}
 }

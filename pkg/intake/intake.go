@@ -112,6 +112,17 @@ type Promoter interface {
 // it, confirms it again and gets its status.
 var ErrUnconfirmed = errors.New("intake: request stored but not confirmed durable")
 
+// UnconfirmedError is what Submit returns for such a request: it names the
+// request, so that a caller without an Idempotency-Key can still follow
+// it (GET /v1/requests/{id}). It wraps ErrUnconfirmed.
+type UnconfirmedError struct {
+	ID  string
+	Err error
+}
+
+func (e *UnconfirmedError) Error() string { return fmt.Sprintf("request %s: %v", e.ID, e.Err) }
+func (e *UnconfirmedError) Unwrap() error { return e.Err }
+
 // Jobs is the live request store.
 type Jobs interface {
 	// Create stores j unless the tenant has maxLive requests not ended
@@ -304,7 +315,7 @@ func (in *Intake) Submit(ctx context.Context, t Tenant, s Submission) (*Accepted
 		if _, qerr := in.stored(ctx, j, s); qerr != nil {
 			return nil, qerr
 		}
-		return nil, err
+		return nil, &UnconfirmedError{ID: id, Err: err}
 	}
 	if errors.Is(err, job.ErrTenantFull) {
 		in.metrics.AdmissionRejected.WithLabelValues(j.Priority.String(), metrics.ReasonTenantFull).Inc()

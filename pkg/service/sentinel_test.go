@@ -109,6 +109,9 @@ func TestRedisSentinelUnconfirmedIs503(t *testing.T) {
 	if err != nil || stored == "" {
 		t.Fatalf("the refused submission's record on the master: %q %v", stored, err)
 	}
+	if got := hdr.Get("X-Bulwark-Request-Id"); got != stored {
+		t.Fatalf("the 503's X-Bulwark-Request-Id %q, want the stored request %s", got, stored)
+	}
 	api.waitStatus(t, stored, 8*time.Second, "completed")
 
 	host, port, _ := net.SplitHostPort(masterAddr)
