@@ -311,8 +311,11 @@ func (in *Intake) Submit(ctx context.Context, t Tenant, s Submission) (*Accepted
 	// request leading can always read it.
 	id, created, err := in.jobs.Create(ctx, j, job.Event{Type: job.EventQueued}, s.IdempotencyKey, t.MaxQueued)
 	if errors.Is(err, ErrUnconfirmed) && created {
-		// Stored: it goes on, and the caller is told to resend.
-		if _, qerr := in.stored(ctx, j, s); qerr != nil {
+		// Stored: it goes on, and the caller is told to resend. Nobody
+		// sees its place, so none is read (as for a waiting caller).
+		quiet := s
+		quiet.Waited = true
+		if _, qerr := in.stored(ctx, j, quiet); qerr != nil {
 			return nil, qerr
 		}
 		return nil, &UnconfirmedError{ID: id, Err: err}

@@ -411,29 +411,13 @@ func TestRedisClusterFailover(t *testing.T) {
 // own until it is answered 202, waiting Retry-After after each 503, as an
 // SDK would; it returns the request's id and how many 503s it got.
 func submitUntilAccepted(ctx context.Context, t *testing.T, api *apiProc, i int) (string, int) {
-	key := fmt.Sprintf("cluster-failover-%d", i)
-	body := ask(fmt.Sprintf("cluster failover request %d", i))
-	for n503 := 0; ; n503++ {
-		code, out, hdr := call(t, "POST", api.ts.URL+"/v1/requests", devToken, body, "Idempotency-Key", key)
-		switch code {
-		case http.StatusAccepted:
-			id, _ := out["id"].(string)
-			return id, n503
-		case http.StatusServiceUnavailable:
-			if hdr.Get("Retry-After") == "" {
-				t.Errorf("request %d: 503 without Retry-After: %v", i, out)
-			}
-		default:
-			t.Errorf("request %d: %d %v", i, code, out)
-			return "", n503
-		}
-		select {
-		case <-ctx.Done():
-			t.Errorf("request %d: still refused when the test ended", i)
-			return "", n503
-		case <-time.After(200 * time.Millisecond): // the client's back-off: a retry policy, not a wait for an event
-		}
+	code, out, n503 := resendOn503(ctx, t, api, ask(fmt.Sprintf("cluster failover request %d", i)), fmt.Sprintf("cluster-failover-%d", i))
+	if code != http.StatusAccepted {
+		t.Errorf("request %d: %d %v", i, code, out)
+		return "", n503
 	}
+	id, _ := out["id"].(string)
+	return id, n503
 }
 
 // clusterMasterKeys returns a key on each of the cluster's three masters,

@@ -289,6 +289,27 @@ func send(t testing.TB, method, url string, body any, hdr ...string) (*http.Resp
 	return resp, raw
 }
 
+// resendOn503 submits body with Idempotency-Key key and sends it again
+// after each 503 (which must carry Retry-After), 200 ms apart, as a
+// client would, until another answer or ctx's end; it returns the last
+// answer and how many 503s came.
+func resendOn503(ctx context.Context, t testing.TB, api *apiProc, body map[string]any, key string) (int, map[string]any, int) {
+	for n503 := 0; ; n503++ {
+		code, out, hdr := call(t, "POST", api.ts.URL+"/v1/requests", devToken, body, "Idempotency-Key", key)
+		if code != http.StatusServiceUnavailable {
+			return code, out, n503
+		}
+		if hdr.Get("Retry-After") == "" {
+			t.Errorf("Idempotency-Key %s: 503 without Retry-After: %v", key, out)
+		}
+		select {
+		case <-ctx.Done():
+			return code, out, n503 + 1
+		case <-time.After(200 * time.Millisecond): // the client's back-off: a retry policy, not a wait for an event
+		}
+	}
+}
+
 func ask(prompt string) map[string]any {
 	return map[string]any{"provider": "claude", "model_tier": "sonnet",
 		"messages": []map[string]any{{"role": "user", "content": prompt}}}

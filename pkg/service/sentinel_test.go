@@ -129,17 +129,7 @@ func TestRedisSentinelUnconfirmedIs503(t *testing.T) {
 	// Resent as a client would on 503 + Retry-After: the replica online
 	// may still need a moment to acknowledge within replica_ack_timeout
 	// on a loaded machine.
-	for {
-		code, out, _ = call(t, "POST", api.ts.URL+"/v1/requests", devToken, body, "Idempotency-Key", key)
-		if code != http.StatusServiceUnavailable {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("the retry once the replica is back: still 503 when the test's time ran out: %v", out)
-		case <-time.After(200 * time.Millisecond): // the client's back-off, not a wait for an event
-		}
-	}
+	code, out, _ = resendOn503(ctx, t, api, body, key)
 	if code != http.StatusOK || out["id"] != stored || out["status"] != "completed" {
 		t.Fatalf("the retry once the replica is back: %d %v, want 200 with %s completed", code, out, stored)
 	}
