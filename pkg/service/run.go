@@ -9,7 +9,10 @@ import (
 	"runtime"
 	"syscall"
 
+	"github.com/redis/go-redis/v9"
+
 	"bulwark/pkg/config"
+	"bulwark/pkg/redisconn"
 )
 
 // Setup loads the configuration named by BULWARK_CONFIG (or config.yaml),
@@ -25,6 +28,7 @@ func Setup(process string) (context.Context, context.CancelFunc, *Base, error) {
 	logger := NewLogger(cfg.Log).With("process", process)
 	runtime.SetBlockProfileRate(cfg.Profiling.BlockRate)
 	runtime.SetMutexProfileFraction(cfg.Profiling.MutexFraction)
+	redis.SetLogger(redisconn.NewLogger(logger)) // process-wide too: its pools' dial failures
 	b, err := Open(ctx, cfg, logger)
 	if err != nil {
 		stop()
