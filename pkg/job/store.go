@@ -111,10 +111,13 @@ else
 end
 redis.call("EXPIRE", KEYS[1], ttl)
 local sid = redis.call("XADD", KEYS[2], "MAXLEN", "~", ARGV[7], "*", "e", ARGV[3])
-redis.call("PUBLISH", ARGV[4], ARGV[5] .. " " .. sid .. " " .. ARGV[3])
-if ARGV[11] ~= "" then
+if ARGV[11] == "" then
+  redis.call("PUBLISH", ARGV[4], ARGV[5] .. " " .. sid .. " " .. ARGV[3])
+else
+  -- Ended as stored: its events go to the stream only. Nobody follows a
+  -- request whose id is being created, and every API's hub would receive
+  -- both messages only to drop them (two per cache hit, per API process).
   sid = redis.call("XADD", KEYS[2], "MAXLEN", "~", ARGV[7], "*", "e", ARGV[13])
-  redis.call("PUBLISH", ARGV[4], ARGV[5] .. " " .. sid .. " " .. ARGV[13])
 end
 redis.call("EXPIRE", KEYS[2], ttl)
 return {1, sid}
@@ -137,8 +140,10 @@ func (s *Store) Create(ctx context.Context, j *Job, ev Event, idemKey string, ma
 // CreateEnded stores a new job that ends as it is stored, as end (whose
 // Status must be terminal) says: its queued event, then end's, in one
 // script (a cache hit is answered with one Redis round trip, not a create
-// and then an ending). The idempotency key works as for Create; no
-// tenant limit applies (the request holds no share of the queue).
+// and then an ending). The events go to its stream but are not published:
+// nobody can be following an id not created yet. The idempotency key
+// works as for Create; no tenant limit applies (the request holds no share
+// of the queue).
 func (s *Store) CreateEnded(ctx context.Context, j *Job, ev Event, idemKey string, end Change) (id string, created bool, err error) {
 	if !end.Status.Terminal() || end.State == nil || end.Event == nil {
 		return "", false, fmt.Errorf("job: create %s ended: a terminal status, a state and an event are required", j.ID)

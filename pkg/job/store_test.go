@@ -133,9 +133,22 @@ func TestCreateEnded(t *testing.T) {
 	j.Embedding = []float32{1, 0}
 	st := job.State{Cached: job.CachedExact, Similarity: 1, Result: &llm.Response{StopReason: llm.StopEndTurn}}
 	end := job.Change{Status: job.StatusCompleted, State: &st, Event: &job.Event{Type: job.EventCompleted}}
+	sub := rdb.Subscribe(ctx, s.Channel())
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil { // the subscription's confirmation
+		t.Fatal(err)
+	}
 	id, created, err := s.CreateEnded(ctx, j, job.Event{Type: job.EventQueued}, "idem-h", end)
 	if err != nil || !created || id != "h1" {
 		t.Fatalf("CreateEnded: %v %v %v", id, created, err)
+	}
+	// Its events are not published (nobody can follow it yet): the first
+	// message heard is one sent after it.
+	if err := rdb.Publish(ctx, s.Channel(), "after").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if msg, err := sub.ReceiveMessage(ctx); err != nil || msg.Payload != "after" {
+		t.Fatalf("first message on the channel: %+v %v, want the one sent after CreateEnded", msg, err)
 	}
 	rec, err := s.GetWithEmbedding(ctx, "h1")
 	if err != nil || rec.Status != job.StatusCompleted || rec.State.Cached != job.CachedExact || rec.State.Result == nil ||
