@@ -342,12 +342,16 @@ func (d *Dispatcher) run(ctx context.Context, rec *job.Record, t *asynq.Task, lo
 func (d *Dispatcher) attempt(ctx context.Context, rec *job.Record, log *slog.Logger) (out outcome, done bool, err error) {
 	slotCtx, cancel := context.WithDeadline(ctx, rec.Job.Deadline)
 	slot, err := d.slots.Acquire(slotCtx, rec.Job.Priority, slots.Waiter{ID: rec.Job.ID, Since: rec.Job.CreatedAt})
+	// The request's own deadline passed only if slotCtx says so: a Redis
+	// call that timed out (its master down) wraps DeadlineExceeded too, and
+	// must not fail a request minutes from its deadline.
+	expired := slotCtx.Err() != nil
 	cancel()
 	if err != nil {
 		if ctx.Err() != nil {
 			return out, true, nil // cancelled by the caller or shutting down; asynq handles the task
 		}
-		if errors.Is(err, context.DeadlineExceeded) {
+		if expired {
 			return out, true, d.fail(ctx, rec, job.CodeDeadline, deadlineReason(rec, "waiting for a free provider slot"), log)
 		}
 		return out, true, fmt.Errorf("dispatch: slot: %w", err)

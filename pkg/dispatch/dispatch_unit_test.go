@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -356,6 +357,24 @@ func TestUnitDeadlineBeforeStart(t *testing.T) {
 	end := h.only()
 	if end.Code != job.CodeDeadline || !strings.Contains(end.Reason, "before it could start") || h.slots.asks() != 0 {
 		t.Fatalf("ending %+v, slot asks %d", end, h.slots.asks())
+	}
+}
+
+// A slot script that timed out (the Redis master of the slots down) wraps
+// context.DeadlineExceeded like the request's own deadline would: it is
+// an error for asynq to retry, not the request's deadline.
+func TestUnitRedisTimeoutIsNotTheDeadline(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, nil)
+	rec := h.submit(nil)
+	h.slots.mu.Lock()
+	h.slots.err = fmt.Errorf("slots: acquire a normal slot: %w", context.DeadlineExceeded)
+	h.slots.mu.Unlock()
+	if err := h.process(t.Context(), rec.Job.ID); err == nil {
+		t.Fatal("no error for asynq to retry")
+	}
+	if ends := h.fin.endings(); len(ends) != 0 {
+		t.Fatalf("endings %+v, want none: the request is minutes from its deadline", ends)
 	}
 }
 

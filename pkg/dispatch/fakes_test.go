@@ -152,17 +152,23 @@ func (f *fakeStarts) RecordStart(_ context.Context, id string) error {
 
 func (f *fakeStarts) count() int { f.mu.Lock(); defer f.mu.Unlock(); return len(f.ids) }
 
-// countingSlots hands out real slots and counts the asks.
+// countingSlots hands out real slots and counts the asks; with err set
+// it answers that instead (Redis failing).
 type countingSlots struct {
 	lim *slots.Limiter
 	mu  sync.Mutex
 	n   int
+	err error
 }
 
 func (s *countingSlots) Acquire(ctx context.Context, p priority.Priority, w slots.Waiter) (*slots.Slot, error) {
 	s.mu.Lock()
 	s.n++
+	err := s.err
 	s.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
 	return s.lim.Acquire(ctx, p, w)
 }
 

@@ -354,13 +354,13 @@ func (in *Intake) stored(ctx context.Context, j *job.Job, s Submission) (*Accept
 func (in *Intake) enqueue(ctx context.Context, j *job.Job, s Submission) (*Accepted, error) {
 	id := j.ID
 	if err := in.queue.Enqueue(ctx, id, j.Priority, 0); err != nil {
-		// Nothing will run it: end it rather than leave it queued forever.
-		// (Should this write fail too, the orphan sweep ends it.)
-		rec := &job.Record{Job: *j, Status: job.StatusQueued}
-		if ferr := in.finisher.Finish(ctx, rec, finish.Failed(job.State{}, job.CodeLost, "enqueue failed")); ferr != nil {
-			in.logger.Warn("intake: end a request that could not be enqueued", "request_id", id, "err", ferr)
-		}
-		return nil, err
+		// Stored, but its task is not: the queue's Redis failed where the
+		// record's did not (a cluster master down, a blip). The orphan
+		// sweep queues a live record with no task once it is a few seconds
+		// old, so the request stands accepted and runs late; ending it here
+		// would fail a request for a moment's outage. (Its deadline still
+		// holds should the queue stay down.)
+		in.logger.Warn("intake: enqueue failed; the orphan sweep will queue the request", "request_id", id, "err", err)
 	}
 	if in.history != nil {
 		in.history.Submitted(ctx, j, job.StatusQueued, job.CachedNone)
