@@ -49,10 +49,11 @@ scale:
 # The fault matrix on real processes (README, Operating it): a worker
 # SIGKILLed 10 times mid-storm, Redis restarted mid-storm, PostgreSQL down at
 # start-up and stopped mid-run, the API killed between storing and enqueueing
-# (a failpoint), provider 5xx/529
-# and a 2-minute provider outage. About 5 minutes; each test prints one line.
+# (a failpoint), provider 5xx/529, a 2-minute provider outage, Sentinel
+# failovers (coordinated and a killed master) and, in pkg/service, each
+# master of a Redis Cluster killed in turn under traffic. About 6 minutes.
 faults:
-	BULWARK_FAULTS=1 BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -count=1 -run '^TestFault' -v -timeout 20m ./pkg/storm
+	BULWARK_FAULTS=1 BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -count=1 -run '^TestFault' -v -timeout 20m ./pkg/storm ./pkg/service
 
 # Fuzzing: each target below in turn for FUZZTIME (default 60s), against
 # the Redis and PostgreSQL of scripts/test.sh (the pkg/service targets run

@@ -298,6 +298,81 @@ func (c *Cluster) Failover(ctx context.Context, key string) (old, promoted strin
 	return old, promoted, nil
 }
 
+// Kill kills the master that holds key with SIGKILL (no coordination: the
+// cluster must notice it is gone, after cluster-node-timeout, and elect its
+// replica) and returns the old and the new master's addresses once the
+// new one serves the slot. The old master stays down until Restart.
+func (c *Cluster) Kill(ctx context.Context, key string) (old, promoted string, err error) {
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs})
+	defer cc.Close()
+	m, err := cc.MasterForKey(ctx, key)
+	if err != nil {
+		return "", "", fmt.Errorf("testenv: master of %s: %w", key, err)
+	}
+	old = m.Options().Addr
+	slave0, err := redisha.InfoField(ctx, m, "replication", "slave0")
+	if err != nil || slave0 == "" {
+		return "", "", fmt.Errorf("testenv: replica of %s: %q %v", old, slave0, err)
+	}
+	promoted = replicaAddr(slave0)
+	srv := c.server(old)
+	if srv == nil {
+		return "", "", fmt.Errorf("testenv: no server at %s", old)
+	}
+	srv.kill(os.Kill)
+	rc := redis.NewClient(&redis.Options{Addr: promoted})
+	defer rc.Close()
+	err = poll(ctx, promoted+" elected master in place of "+old, func(ctx context.Context) (bool, error) {
+		r, err := redisha.InfoField(ctx, rc, "replication", "role")
+		if err != nil || r != "master" {
+			return false, err
+		}
+		info, err := rc.ClusterInfo(ctx).Result()
+		return err == nil && strings.Contains(info, "cluster_state:ok"), err
+	})
+	if err != nil {
+		return "", "", fmt.Errorf("%w\n%s", err, logTails(c.servers))
+	}
+	return old, promoted, nil
+}
+
+// Restart starts a killed node again on its address and configuration
+// file: it learns it was replaced and rejoins as the new master's
+// replica. It returns once that replica is in sync.
+func (c *Cluster) Restart(ctx context.Context, addr string) error {
+	srv := c.server(addr)
+	if srv == nil {
+		return fmt.Errorf("testenv: no server at %s", addr)
+	}
+	if err := srv.start(filepath.Dir(srv.log)); err != nil {
+		return err
+	}
+	cl := redis.NewClient(&redis.Options{Addr: addr})
+	defer cl.Close()
+	err := poll(ctx, addr+" back as a replica in sync", func(ctx context.Context) (bool, error) {
+		r, err := redisha.InfoField(ctx, cl, "replication", "role")
+		if err != nil || r != "slave" {
+			return false, nil // still starting or not yet told
+		}
+		link, err := redisha.InfoField(ctx, cl, "replication", "master_link_status")
+		return link == "up", err
+	})
+	if err != nil {
+		return fmt.Errorf("%w\n%s", err, logTails(c.servers))
+	}
+	return nil
+}
+
+// server is the process at addr, or nil.
+func (c *Cluster) server(addr string) *server {
+	for _, s := range c.servers {
+		if s.addr == addr {
+			return s
+		}
+	}
+	return nil
+}
+
 // replicaAddr reads host:port from an INFO replication slaveN value
 // ("ip=127.0.0.1,port=7001,state=online,offset=…,lag=0").
 func replicaAddr(v string) string {
