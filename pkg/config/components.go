@@ -32,7 +32,8 @@ func (c *Config) RedisConnConfig() redisconn.Config {
 	r := c.Redis
 	return redisconn.Config{Mode: r.Mode, Addr: r.Addr, DB: r.DB, Password: r.Password,
 		MasterName: r.Sentinel.MasterName, SentinelAddrs: r.Sentinel.Addrs, SentinelPassword: r.Sentinel.Password,
-		ClusterAddrs: r.Cluster.Addrs, MinReplicasAcked: r.MinReplicasAcked, ReplicaAckTimeout: r.ReplicaAckTimeout}
+		ClusterAddrs: r.Cluster.Addrs, MinReplicasAcked: r.MinReplicasAcked, ReplicaAckTimeout: r.ReplicaAckTimeout,
+		PoolSize: r.PoolSize}
 }
 
 // SlotsConfig configures the global concurrency limit (pkg/slots).

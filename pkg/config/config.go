@@ -154,6 +154,10 @@ type Redis struct {
 	MinReplicasAcked int `yaml:"min_replicas_acked"`
 	// ReplicaAckTimeout bounds that wait. Default 1s.
 	ReplicaAckTimeout time.Duration `yaml:"replica_ack_timeout"`
+	// PoolSize is each process's connections per Redis server. Default 64
+	// (redisconn.PoolSizeDefault); raise it with worker.concurrency, when
+	// bulwark_redis_pool_timeouts_total grows.
+	PoolSize int `yaml:"pool_size"`
 }
 
 // RedisSentinel names the master and the sentinels that watch it.

@@ -167,6 +167,8 @@ func TestValidation(t *testing.T) {
 			"redis.sentinel: is not used with mode standalone"},
 		{"redis negative replicas", minimal + "redis: {min_replicas_acked: -1}", map[string]string{"K1": secretVal},
 			"redis.min_replicas_acked: must not be negative"},
+		{"redis negative pool", minimal + "redis: {pool_size: -1}", map[string]string{"K1": secretVal},
+			"redis.pool_size: must not be negative"},
 		// Limits across components name both fields.
 		{"probe shorter than a call", minimal + "breaker: {probe_timeout: 60s}", map[string]string{"K1": secretVal},
 			"breaker.probe_timeout: (1m0s) must exceed providers.claude.timeout (2m0s)"},

@@ -309,5 +309,6 @@ func FamilyNames() []string {
 		NameKeysDisabled, NameCacheUnavailable, NameHistoryErrors, NameHistoryDropped, NameTokensSaved,
 		NameQueueDepth, NameQueueOldestWait, NameSlotsInUse, NameKeysAvailable,
 		NameKeysTotal, NameBreakerState, NameHistoryBacklog, NameStateScrapeErrors,
+		NameRedisPoolConnections, NameRedisPoolWaits, NameRedisPoolWaitSeconds, NameRedisPoolTimeouts,
 	}
 }

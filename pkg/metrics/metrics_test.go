@@ -39,7 +39,8 @@ func fullRegistry(t *testing.T) (*prometheus.Registry, *Metrics) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
 	m := New(reg)
-	reg.MustRegister(NewStateCollector(func(context.Context) (State, error) { return fullState(), nil }, time.Second))
+	reg.MustRegister(NewStateCollector(func(context.Context) (State, error) { return fullState(), nil }, time.Second),
+		NewRedisPoolCollector(fakePool{TotalConns: 5, IdleConns: 3, Timeouts: 2}))
 
 	m.InitKeys("claude-1")
 	m.ObserveCall(claudeSonnet, "claude-1", nil, 800*time.Millisecond)
@@ -121,15 +122,16 @@ func TestNewRegistersEveryFamily(t *testing.T) {
 	}
 
 	wantTypes := map[string]dto.MetricType{
-		NameProviderLatency: dto.MetricType_HISTOGRAM,
-		NameRequestDuration: dto.MetricType_HISTOGRAM,
-		NameQueueDepth:      dto.MetricType_GAUGE,
-		NameQueueOldestWait: dto.MetricType_GAUGE,
-		NameSlotsInUse:      dto.MetricType_GAUGE,
-		NameKeysAvailable:   dto.MetricType_GAUGE,
-		NameKeysTotal:       dto.MetricType_GAUGE,
-		NameBreakerState:    dto.MetricType_GAUGE,
-		NameHistoryBacklog:  dto.MetricType_GAUGE,
+		NameProviderLatency:      dto.MetricType_HISTOGRAM,
+		NameRequestDuration:      dto.MetricType_HISTOGRAM,
+		NameQueueDepth:           dto.MetricType_GAUGE,
+		NameQueueOldestWait:      dto.MetricType_GAUGE,
+		NameSlotsInUse:           dto.MetricType_GAUGE,
+		NameKeysAvailable:        dto.MetricType_GAUGE,
+		NameKeysTotal:            dto.MetricType_GAUGE,
+		NameBreakerState:         dto.MetricType_GAUGE,
+		NameHistoryBacklog:       dto.MetricType_GAUGE,
+		NameRedisPoolConnections: dto.MetricType_GAUGE,
 	}
 	for name, mf := range fams {
 		want, ok := wantTypes[name]
@@ -153,7 +155,8 @@ func TestLabelsAreBounded(t *testing.T) {
 		"priority": true, "cached": true, "status": true, "layer": true,
 		"result": true, "from": true, "to": true, "reason": true,
 		"direction": true, "route": true, "breaker": true,
-		"le": true, // histogram buckets
+		"state": true, // a pool connection's: idle, in_use
+		"le":    true, // histogram buckets
 	}
 	reg, _ := fullRegistry(t)
 	for name, mf := range gather(t, reg) {

@@ -140,6 +140,9 @@ func (c Config) Validate() error {
 	if c.MinReplicasAcked < 0 {
 		add("min_replicas_acked", "must not be negative, got %d", c.MinReplicasAcked)
 	}
+	if c.PoolSize < 0 {
+		add("pool_size", "must not be negative, got %d", c.PoolSize)
+	}
 	if c.ReplicaAckTimeout < time.Millisecond {
 		add("replica_ack_timeout", "must be at least 1ms, got %s", c.ReplicaAckTimeout)
 	}

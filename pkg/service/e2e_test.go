@@ -170,6 +170,9 @@ func TestHealthAndMetrics(t *testing.T) {
 		`bulwark_slots_in_use{priority="normal"} `, // the value races the worker's slot release
 		`bulwark_requests_submitted_total{priority="normal"} 1`,
 		`bulwark_cache_lookups_total{layer="agent",result="miss"} 1`,
+		`bulwark_redis_pool_connections{state="in_use"} `, // each process's own pools
+		`bulwark_redis_pool_timeouts_total 0`,
+		`pgxpool_max_conns 8`,
 	} {
 		if !strings.Contains(apiMetrics, want) {
 			t.Errorf("API /metrics lacks %s", want)

@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/IBM/pgxpoolprometheus"
 	"log/slog"
 	"net/http"
 	"os"
@@ -125,7 +126,9 @@ func Open(ctx context.Context, cfg *config.Config, logger *slog.Logger) (b *Base
 
 	ks := cfg.Redis.Keyspace()
 	b.Registry = prometheus.NewRegistry()
-	b.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	b.Registry.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		// Each process's own pools: exhausted pools show there first.
+		metrics.NewRedisPoolCollector(b.Redis), pgxpoolprometheus.NewCollector(b.PG, nil))
 	b.Metrics = metrics.New(b.Registry)
 	var ids []string
 	for _, k := range cfg.Keys {
