@@ -260,23 +260,32 @@ func (c *Cluster) waitNode(ctx context.Context, addr string, n int) error {
 	})
 }
 
-// Failover has the replica of the master that holds key take over (a
-// coordinated CLUSTER FAILOVER: the replica catches up first, so no
-// acknowledged write is lost) and returns the old and the new master's
-// addresses once the new one serves the slot and the old one replicates it.
-func (c *Cluster) Failover(ctx context.Context, key string) (old, promoted string, err error) {
+// masterAndReplica returns the addresses of the master that holds key and
+// of its replica.
+func (c *Cluster) masterAndReplica(ctx context.Context, key string) (master, replica string, err error) {
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs})
 	defer cc.Close()
 	m, err := cc.MasterForKey(ctx, key)
 	if err != nil {
 		return "", "", fmt.Errorf("testenv: master of %s: %w", key, err)
 	}
-	old = m.Options().Addr
+	master = m.Options().Addr
 	slave0, err := redisha.InfoField(ctx, m, "replication", "slave0")
 	if err != nil || slave0 == "" {
-		return "", "", fmt.Errorf("testenv: replica of %s: %q %v", old, slave0, err)
+		return "", "", fmt.Errorf("testenv: replica of %s: %q %v", master, slave0, err)
 	}
-	promoted = replicaAddr(slave0)
+	return master, replicaAddr(slave0), nil
+}
+
+// Failover has the replica of the master that holds key take over (a
+// coordinated CLUSTER FAILOVER: the replica catches up first, so no
+// acknowledged write is lost) and returns the old and the new master's
+// addresses once the new one serves the slot and the old one replicates it.
+func (c *Cluster) Failover(ctx context.Context, key string) (old, promoted string, err error) {
+	old, promoted, err = c.masterAndReplica(ctx, key)
+	if err != nil {
+		return "", "", err
+	}
 	rc := redis.NewClient(&redis.Options{Addr: promoted})
 	defer rc.Close()
 	if err := rc.ClusterFailover(ctx).Err(); err != nil {
@@ -303,18 +312,10 @@ func (c *Cluster) Failover(ctx context.Context, key string) (old, promoted strin
 // replica) and returns the old and the new master's addresses once the
 // new one serves the slot. The old master stays down until Restart.
 func (c *Cluster) Kill(ctx context.Context, key string) (old, promoted string, err error) {
-	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs})
-	defer cc.Close()
-	m, err := cc.MasterForKey(ctx, key)
+	old, promoted, err = c.masterAndReplica(ctx, key)
 	if err != nil {
-		return "", "", fmt.Errorf("testenv: master of %s: %w", key, err)
+		return "", "", err
 	}
-	old = m.Options().Addr
-	slave0, err := redisha.InfoField(ctx, m, "replication", "slave0")
-	if err != nil || slave0 == "" {
-		return "", "", fmt.Errorf("testenv: replica of %s: %q %v", old, slave0, err)
-	}
-	promoted = replicaAddr(slave0)
 	srv := c.server(old)
 	if srv == nil {
 		return "", "", fmt.Errorf("testenv: no server at %s", old)
