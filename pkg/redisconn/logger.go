@@ -43,6 +43,9 @@ func (g *Logger) Printf(ctx context.Context, format string, v ...any) {
 	if !ok {
 		return
 	}
+	if ctx == nil {
+		ctx = context.Background() // some of go-redis's background loops log without one
+	}
 	msg := strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: ")
 	attrs := []any{"component", "redis"}
 	if dropped > 0 {
