@@ -3,6 +3,7 @@ package httpapi
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"time"
@@ -146,6 +147,12 @@ func (s *Server) events(c *gin.Context) {
 				return
 			}
 		case <-keep.C:
+			if !detached {
+				if end, ok := s.vanished(ctx, follow); ok {
+					write(end)
+					return
+				}
+			}
 			deadline()
 			if _, err := fmt.Fprint(w, ": keepalive\n\n"); err != nil {
 				return
@@ -172,6 +179,23 @@ func (s *Server) ended(ctx context.Context, own, rec *job.Record) (job.Event, bo
 		ev.Type = job.EventFailed
 	}
 	return ev, true
+}
+
+// lostReason is what a caller reads about a request whose live record is
+// gone before it ended.
+const lostReason = "lost: the request's record is gone before it ended (Redis lost it in a failover or a restart without persistence); submit it again"
+
+// vanished checks, at each keep-alive, that the followed request still
+// exists: a record lost with a Redis master (stored on it after a
+// failover's promotion, answered 503 "not confirmed") would otherwise
+// hold its followers' streams open with nothing ever to come. It returns
+// the failed event to end the stream with; any other answer, Redis
+// failing included, keeps the stream.
+func (s *Server) vanished(ctx context.Context, id string) (job.Event, bool) {
+	if _, err := s.d.Jobs.StatusOf(ctx, id); !errors.Is(err, job.ErrNotFound) {
+		return job.Event{}, false
+	}
+	return job.Event{Type: job.EventFailed, Status: job.StatusFailed, Code: job.CodeLost, Error: lostReason, At: time.Now()}, true
 }
 
 func terminal(t job.EventType) bool {

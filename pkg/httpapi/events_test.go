@@ -153,6 +153,28 @@ func TestEventStream(t *testing.T) {
 	}
 }
 
+// A request whose live record vanishes (lost with a Redis master) ends
+// its followers' streams at the next keep-alive, failed as lost, instead
+// of holding them open with nothing ever to come.
+func TestEventStreamEndsWhenTheRecordIsGone(t *testing.T) {
+	t.Parallel()
+	s := newServer(t, func(su *setup) { su.cfg.KeepAlive = 20 * time.Millisecond })
+	id := s.submit(t, tokAcme, "q")
+	st := s.openStream(t, id, tokAcme)
+	if ev := st.next(t); ev.typ != "queued" {
+		t.Fatalf("first event %+v", ev)
+	}
+	if ev := st.next(t); ev.typ != "queued" || ev.data["queue_position"] != 2.0 {
+		t.Fatalf("position %+v", ev)
+	}
+	s.jobs.forget(id)
+	ev := st.next(t)
+	if errText, _ := ev.data["error"].(string); ev.typ != "failed" || ev.data["code"] != "lost" || !strings.HasPrefix(errText, "lost: ") {
+		t.Fatalf("after the record vanished: %+v", ev)
+	}
+	st.ended(t)
+}
+
 // A coalesced request's stream follows the request it joined, under its
 // own id; its own cancellation ends it.
 func TestEventStreamFollower(t *testing.T) {

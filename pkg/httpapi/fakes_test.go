@@ -144,6 +144,13 @@ func (m *memJobs) Apply(_ context.Context, id string, c job.Change) (string, err
 	return m.store(id, ev), nil
 }
 
+// forget drops id's record, as a Redis that lost it would.
+func (m *memJobs) forget(id string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.recs, id)
+}
+
 func (m *memJobs) StatusOf(ctx context.Context, id string) (job.Status, error) {
 	r, err := m.Get(ctx, id)
 	if err != nil {

@@ -333,6 +333,12 @@ func (s *Server) getFromHistory(c *gin.Context) {
 		return
 	}
 	v := view{ID: row.ID, Status: row.Status, Priority: row.Priority, CreatedAt: row.CreatedAt, Error: row.Error}
+	if !row.Status.Terminal() {
+		// History saw it accepted, but its live record, which is stored
+		// first and kept past its deadline, is gone: Redis lost it, and
+		// nothing will run it.
+		v.Status, v.Error = job.StatusFailed, lostReason
+	}
 	if row.Response != nil {
 		st := job.State{Result: row.Response, ServedRoute: row.ServedRoute, Cached: row.Cached}
 		v.Result = job.ResultOf(st)

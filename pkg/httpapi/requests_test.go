@@ -134,7 +134,9 @@ func TestGetFollowsLeaderAndHistory(t *testing.T) {
 	expired := &history.Row{ID: "req_old", Tenant: "acme", Priority: priority.Low, Status: job.StatusCompleted,
 		Response: &llm.Response{Content: []llm.Block{{Type: llm.BlockText, Text: "archived"}}}, ServedRoute: &sonnet,
 		Cached: job.CachedNone, CreatedAt: time.Now().Add(-48 * time.Hour)}
-	s := newServer(t, func(su *setup) { su.deps.History = memHistory{"req_old": expired} })
+	lost := &history.Row{ID: "req_lost", Tenant: "acme", Priority: priority.Normal, Status: job.StatusQueued,
+		CreatedAt: time.Now().Add(-time.Hour)}
+	s := newServer(t, func(su *setup) { su.deps.History = memHistory{"req_old": expired, "req_lost": lost} })
 	lead := s.submit(t, tokAcme, "q")
 	s.jobs.put(job.Record{Job: job.Job{ID: "req_follow", Tenant: "acme", Priority: priority.Normal, CreatedAt: time.Now()},
 		Status: job.StatusQueued, State: job.State{CoalescedInto: lead, Cached: job.CachedCoalesced}})
@@ -154,6 +156,13 @@ func TestGetFollowsLeaderAndHistory(t *testing.T) {
 	}
 	if r := s.do(t, "GET", "/v1/requests/req_old", tokGlobex, ""); r.code != http.StatusNotFound {
 		t.Fatalf("another tenant's history: %d %s", r.code, r.body)
+	}
+	// History saw it queued, Redis no longer has it: lost, not queued for
+	// ever.
+	r = s.do(t, "GET", "/v1/requests/req_lost", tokAcme, "")
+	m = r.json(t)
+	if errText, _ := m["error"].(string); r.code != http.StatusOK || m["status"] != "failed" || !strings.HasPrefix(errText, "lost: ") {
+		t.Fatalf("a record lost from Redis: %d %s", r.code, r.body)
 	}
 }
 

@@ -301,9 +301,12 @@ func (f *faultRun) async(ctx context.Context, i int) {
 }
 
 // chat sends request i through POST /v1/chat/completions. An answer with
-// its request id, or a 429 or 5xx that names one (the request was taken),
-// is final or followed; a connection error, or a 429 or 5xx without one,
-// is sent again with the same Idempotency-Key.
+// its request id, or a 429 or 5xx other than 503 that names one (the
+// request was taken), is final or followed; a connection error, a 503 (a
+// request stored but not confirmed by the replicas may be lost with a
+// master that is failing over: an SDK sends it again), or a 429 or 5xx
+// without an id, is sent again with the same Idempotency-Key, which finds
+// the request if it was kept.
 func (f *faultRun) chat(ctx context.Context, i int) {
 	r := &f.reqs[i]
 	prompt := f.d.prompts[i]
@@ -338,10 +341,12 @@ func (f *faultRun) chat(ctx context.Context, i int) {
 			r.o = f.d.check(r.o, prompt, resp.Choices[0].Message.Content, h.Get("X-Bulwark-Cache"),
 				routeName(h.Get("X-Bulwark-Provider"), h.Get("X-Bulwark-Model-Tier")))
 			return
-		case id != "" && (code == http.StatusTooManyRequests || code >= 500):
+		case id != "" && (code == http.StatusTooManyRequests || code >= 500 && code != http.StatusServiceUnavailable):
 			r.id, r.accepted = id, time.Now()
 			f.follow(ctx, i)
 			return
+		case err == nil && code == http.StatusServiceUnavailable:
+			wait = retryAfter(h)
 		case err != nil || code >= 500:
 			wait = resubmitDelay
 		case code == http.StatusTooManyRequests:
