@@ -182,8 +182,10 @@ func (s *Server) ended(ctx context.Context, own, rec *job.Record) (job.Event, bo
 }
 
 // lostReason is what a caller reads about a request whose live record is
-// gone before it ended.
-const lostReason = "lost: the request's record is gone before it ended (Redis lost it in a failover or a restart without persistence); submit it again"
+// gone with no ending recorded: Redis lost it (a failover, a restart
+// without persistence), or, long after, history could not record how it
+// ended (its outbox full).
+const lostReason = "lost: the request's live record is gone and no ending was recorded (Redis lost it in a failover or a restart); submit it again if you still need it"
 
 // vanished checks, at each keep-alive, that the followed request still
 // exists: a record lost with a Redis master (stored on it after a

@@ -335,8 +335,9 @@ func (s *Server) getFromHistory(c *gin.Context) {
 	v := view{ID: row.ID, Status: row.Status, Priority: row.Priority, CreatedAt: row.CreatedAt, Error: row.Error}
 	if !row.Status.Terminal() {
 		// History saw it accepted, but its live record, which is stored
-		// first and kept past its deadline, is gone: Redis lost it, and
-		// nothing will run it.
+		// first and kept past its deadline, is gone: Redis lost it and
+		// nothing will run it (or, once the record expired, history never
+		// got its ending: the outbox was full). Never "queued" for ever.
 		v.Status, v.Error = job.StatusFailed, lostReason
 	}
 	if row.Response != nil {
