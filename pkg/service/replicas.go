@@ -24,16 +24,17 @@ import (
 // state is lost a call of its own), asynq re-runs a task whose end it
 // could not write.
 //
-// When the replicas do not confirm in time, submitting fails (503, "retry
-// shortly", intake.ErrUnconfirmed) but the request goes on: it is queued
-// and runs should the master survive, which it almost always does (the
-// replica was only slow). A retry with the same Idempotency-Key finds that
-// request, confirms it again and gets its status; one without may run
-// the prompt twice. Nothing accepted is lost either way. A record gone
-// from the master by the time it is confirmed (ErrKeyGone: a failover in
-// between) is a plain failure: there is nothing to run. Any other error
-// of the confirmation (the connection broke, MOVED mid-failover) leaves
-// a stored record the orphan sweep queues 10-15 s later.
+// When the replicas do not confirm in time, or the confirmation itself
+// fails (the connection broke, MOVED mid-failover), submitting fails (503,
+// "retry shortly", intake.ErrUnconfirmed) but the request goes on: it is
+// queued and runs should the master survive, which it almost always does
+// (the replica was only slow, the connection only dropped); should its
+// enqueue fail too, the orphan sweep queues it. A retry with the same
+// Idempotency-Key finds that request, confirms it again and gets its
+// status; one without may run the prompt twice. Nothing accepted is lost
+// either way. A record gone from the master by the time it is confirmed
+// (ErrKeyGone: a failover in between) is a plain failure: there is
+// nothing to run.
 type replicatedJobs struct {
 	*job.Store
 	rdb     redis.UniversalClient
@@ -62,7 +63,7 @@ func (r replicatedJobs) Create(ctx context.Context, j *job.Job, ev job.Event, id
 		return id, created, err
 	}
 	if err := r.confirm(ctx, id); err != nil {
-		if created && errors.Is(err, redisconn.ErrNotReplicated) {
+		if created && !errors.Is(err, redisconn.ErrKeyGone) {
 			return id, true, fmt.Errorf("%w: %w", intake.ErrUnconfirmed, err)
 		}
 		return "", false, err

@@ -2,6 +2,7 @@ package service_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -136,4 +137,45 @@ func TestRedisSentinelUnconfirmedIs503(t *testing.T) {
 	if n, err := replica.Exists(ctx, api.base.Jobs.RecordKey(stored)).Result(); err != nil || n != 1 {
 		t.Fatalf("request %s confirmed but not on the replica: %d %v", stored, n, err)
 	}
+}
+
+// failWait fails every WAIT as a connection reset would, after the write
+// it confirms went through.
+type failWait struct{}
+
+func (failWait) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (failWait) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (failWait) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "wait" {
+			err := errors.New("read tcp 127.0.0.1:1->127.0.0.1:2: connection reset by peer (injected)")
+			cmd.SetErr(err)
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// A confirmation that fails for another reason than too few replicas (the
+// connection broke during WAIT) is answered like one the replicas did not
+// give in time: 503 "retry shortly" naming the request, which runs at once
+// rather than waiting for the orphan sweep (it looks at records 10 s old).
+func TestUnconfirmedByABrokenConnectionStillRuns(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{mock: mockprovider.Config{Latency: 20 * time.Millisecond}})
+	s.cfg.Redis.MinReplicasAcked, s.cfg.Redis.ReplicaAckTimeout = 1, 300*time.Millisecond
+	api := s.startAPI()
+	s.startWorker()
+	api.base.Redis.(*redis.Client).AddHook(failWait{})
+
+	code, out, hdr := call(t, "POST", api.ts.URL+"/v1/requests", devToken, ask("confirmed over a broken connection"),
+		"Idempotency-Key", "broken-wait-1")
+	id := hdr.Get("X-Bulwark-Request-Id")
+	if code != http.StatusServiceUnavailable || hdr.Get("Retry-After") != "1" || id == "" {
+		t.Fatalf("submission whose WAIT failed: %d %v, Retry-After %q, request id %q; want 503, 1 and the stored request",
+			code, out, hdr.Get("Retry-After"), id)
+	}
+	api.waitStatus(t, id, 8*time.Second, "completed")
 }
