@@ -19,6 +19,7 @@ import (
 	"bulwark/pkg/llm"
 	"bulwark/pkg/mockprovider"
 	"bulwark/pkg/priority"
+	"bulwark/pkg/service"
 	"bulwark/pkg/slots"
 	"bulwark/pkg/testenv"
 )
@@ -149,6 +150,24 @@ func clusterRequests(t *testing.T, apis []*apiProc) {
 	})
 }
 
+// acquireKey leases a key of route as a worker does: when every key is
+// paced (the requests before used them), it waits the pool's own
+// Retry-After and asks again.
+func acquireKey(ctx context.Context, b *service.Base, route llm.Route) (*keypool.Lease, error) {
+	for {
+		l, err := b.Pool.Acquire(ctx, route, 100)
+		var ex *keypool.ExhaustedError
+		if !errors.As(err, &ex) {
+			return l, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(ex.RetryAfter):
+		}
+	}
+}
+
 // clusterComponents runs the scripts the request path did not (a 429's
 // cooldown, a tripped breaker, slot waiters, a cancelled delayed task, …)
 // on the cluster.
@@ -179,7 +198,7 @@ func clusterComponents(ctx context.Context, t *testing.T, s *system, api *apiPro
 
 	// Key pool: a 429 cools one key, the next lease goes to the other.
 	route := llm.Route{Provider: "claude", Tier: "sonnet"}
-	l1, err := b.Pool.Acquire(ctx, route, 100)
+	l1, err := acquireKey(ctx, b, route)
 	if err != nil {
 		t.Fatalf("keypool acquire: %v", err)
 	}
@@ -187,7 +206,7 @@ func clusterComponents(ctx context.Context, t *testing.T, s *system, api *apiPro
 	if err := b.Pool.Failure(ctx, l1, keypool.Cool, rl); err != nil {
 		t.Fatalf("keypool failure: %v", err)
 	}
-	l2, err := b.Pool.Acquire(ctx, route, 100)
+	l2, err := acquireKey(ctx, b, route)
 	if err != nil {
 		t.Fatalf("keypool acquire after a cooldown: %v", err)
 	}
