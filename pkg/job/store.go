@@ -90,8 +90,13 @@ if limit > 0 then
   if n >= limit then return {2, tostring(n)} end
 end
 if KEYS[3] ~= KEYS[1] then redis.call("SET", KEYS[3], ARGV[5], "EX", ARGV[6]) end
-redis.call("HSET", KEYS[1], "job", ARGV[1], "status", ARGV[2], "state", "{}")
-if ARGV[10] ~= "" then redis.call("HSET", KEYS[1], "emb", ARGV[10]) end
+-- One HSET with every field: queued, or already ended (a cache hit).
+local fields = {"job", ARGV[1], "status", ARGV[2], "state", "{}"}
+if ARGV[11] ~= "" then fields[4], fields[6] = ARGV[11], ARGV[12] end
+for _, f in ipairs({{"emb", ARGV[10]}, {"reason", ARGV[15]}, {"code", ARGV[16]}, {"detail", ARGV[17]}}) do
+  if f[2] ~= "" then fields[#fields + 1] = f[1]; fields[#fields + 1] = f[2] end
+end
+redis.call("HSET", KEYS[1], unpack(fields))
 local ttl = ARGV[6]
 if ARGV[11] == "" then
   redis.call("ZADD", KEYS[4], ARGV[8], ARGV[5])
@@ -104,10 +109,6 @@ if ARGV[11] == "" then
 else
   -- Ended as it is stored (a cache hit): never live, kept as any ended one.
   ttl = ARGV[14]
-  redis.call("HSET", KEYS[1], "status", ARGV[11], "state", ARGV[12])
-  if ARGV[15] ~= "" then redis.call("HSET", KEYS[1], "reason", ARGV[15]) end
-  if ARGV[16] ~= "" then redis.call("HSET", KEYS[1], "code", ARGV[16]) end
-  if ARGV[17] ~= "" then redis.call("HSET", KEYS[1], "detail", ARGV[17]) end
 end
 redis.call("EXPIRE", KEYS[1], ttl)
 local sid = redis.call("XADD", KEYS[2], "MAXLEN", "~", ARGV[7], "*", "e", ARGV[3])

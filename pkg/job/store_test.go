@@ -176,6 +176,15 @@ func TestCreateEnded(t *testing.T) {
 	if err != nil || created || id != "h1" {
 		t.Fatalf("retry with the idempotency key: %v %v %v", id, created, err)
 	}
+	// A failed ending keeps its reason and code.
+	failed := job.Change{Status: job.StatusFailed, State: &job.State{}, Reason: "no_route: none", Code: job.CodeNoRoute,
+		Event: &job.Event{Type: job.EventFailed}}
+	if _, _, err := s.CreateEnded(ctx, newJob("h4"), job.Event{Type: job.EventQueued}, "", failed); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := s.Get(ctx, "h4"); err != nil || rec.Status != job.StatusFailed || rec.Reason != "no_route: none" || rec.Code != job.CodeNoRoute {
+		t.Fatalf("failed as stored: %+v %v", rec, err)
+	}
 	if _, _, err := s.CreateEnded(ctx, newJob("h3"), job.Event{}, "", job.Change{Status: job.StatusRunning, State: &st, Event: &job.Event{}}); err == nil {
 		t.Fatal("a request cannot be stored ended as running")
 	}
