@@ -195,6 +195,50 @@ func (s *Store) Prune(ctx context.Context, before time.Time) (int64, error) {
 	}
 }
 
+// Unended is a row with no ending recorded.
+type Unended struct {
+	ID        string
+	CreatedAt time.Time
+}
+
+// Unended returns the rows created in [from, to) that have no ending
+// recorded, oldest first, at most limit. It reads the range through the
+// created_at index.
+func (s *Store) Unended(ctx context.Context, from, to time.Time, limit int) ([]Unended, error) {
+	rows, err := s.pool.Query(ctx, `
+		SELECT id, created_at FROM requests
+		WHERE created_at >= $1 AND created_at < $2 AND status NOT IN ('completed', 'failed', 'cancelled')
+		ORDER BY created_at LIMIT $3`, from, to, limit)
+	if err != nil {
+		return nil, fmt.Errorf("history: unended rows: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Unended, error) {
+		var u Unended
+		return u, r.Scan(&u.ID, &u.CreatedAt)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("history: unended rows: %w", err)
+	}
+	return out, nil
+}
+
+// MarkLost records the end of requests Redis lost: the rows of ids that
+// still have no ending become failed with job.LostReason. A row that got
+// its ending meanwhile keeps it; an ending written later (the outbox)
+// replaces this one. It returns the rows it changed.
+func (s *Store) MarkLost(ctx context.Context, ids []string) (int64, error) {
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	tag, err := s.pool.Exec(ctx, `
+		UPDATE requests SET status = 'failed', error = $2, finished_at = now()
+		WHERE id = ANY($1) AND status NOT IN ('completed', 'failed', 'cancelled')`, ids, job.LostReason)
+	if err != nil {
+		return 0, fmt.Errorf("history: mark %d requests lost: %w", len(ids), err)
+	}
+	return tag.RowsAffected(), nil
+}
+
 // Row is a request as history knows it.
 type Row struct {
 	ID          string

@@ -181,12 +181,6 @@ func (s *Server) ended(ctx context.Context, own, rec *job.Record) (job.Event, bo
 	return ev, true
 }
 
-// lostReason is what a caller reads about a request whose live record is
-// gone with no ending recorded: Redis lost it (a failover, a restart
-// without persistence), or, long after, history could not record how it
-// ended (its outbox full).
-const lostReason = "lost: the request's live record is gone and no ending was recorded (Redis lost it in a failover or a restart); submit it again if you still need it"
-
 // vanished checks, at each keep-alive, that the followed request still
 // exists: a record lost with a Redis master (stored on it after a
 // failover's promotion, answered 503 "not confirmed") would otherwise
@@ -197,7 +191,7 @@ func (s *Server) vanished(ctx context.Context, id string) (job.Event, bool) {
 	if _, err := s.d.Jobs.StatusOf(ctx, id); !errors.Is(err, job.ErrNotFound) {
 		return job.Event{}, false
 	}
-	return job.Event{Type: job.EventFailed, Status: job.StatusFailed, Code: job.CodeLost, Error: lostReason, At: time.Now()}, true
+	return job.Event{Type: job.EventFailed, Status: job.StatusFailed, Code: job.CodeLost, Error: job.LostReason, At: time.Now()}, true
 }
 
 func terminal(t job.EventType) bool {

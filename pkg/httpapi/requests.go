@@ -338,7 +338,7 @@ func (s *Server) getFromHistory(c *gin.Context) {
 		// first and kept past its deadline, is gone: Redis lost it and
 		// nothing will run it (or, once the record expired, history never
 		// got its ending: the outbox was full). Never "queued" for ever.
-		v.Status, v.Error = job.StatusFailed, lostReason
+		v.Status, v.Error = job.StatusFailed, job.LostReason
 	}
 	if row.Response != nil {
 		st := job.State{Result: row.Response, ServedRoute: row.ServedRoute, Cached: row.Cached}

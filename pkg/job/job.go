@@ -65,6 +65,11 @@ const (
 	CodeLost Code = "lost"
 )
 
+// LostReason is what a caller and history read about a request whose live
+// record is gone with no ending recorded: Redis lost it (a failover, a
+// restart without persistence) and nothing will run it.
+const LostReason = "lost: the request's live record is gone and no ending was recorded (Redis lost it in a failover or a restart); submit it again if you still need it"
+
 // Terminal reports whether s is final.
 func (s Status) Terminal() bool {
 	return s == StatusCompleted || s == StatusFailed || s == StatusCancelled

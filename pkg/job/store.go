@@ -459,6 +459,37 @@ func (s *Store) Forget(ctx context.Context, id string) error {
 	return nil
 }
 
+// existsScript returns, for each of KEYS, 1 when it exists and 0 when not:
+// EXISTS with several keys only counts them.
+var existsScript = redis.NewScript(`
+local out = {}
+for i, k in ipairs(KEYS) do out[i] = redis.call("EXISTS", k) end
+return out`)
+
+// Missing returns those of ids that have no live record: never stored,
+// expired, or lost by Redis (a failover, a restart without persistence).
+// One round trip: the records share the store's hash slot.
+func (s *Store) Missing(ctx context.Context, ids []string) ([]string, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	keys := make([]string, len(ids))
+	for i, id := range ids {
+		keys[i] = s.jobKey(id)
+	}
+	found, err := existsScript.Run(ctx, s.rdb, keys).Int64Slice()
+	if err != nil {
+		return nil, fmt.Errorf("job: look for %d records: %w", len(ids), err)
+	}
+	var missing []string
+	for i, f := range found {
+		if f == 0 {
+			missing = append(missing, ids[i])
+		}
+	}
+	return missing, nil
+}
+
 // Idempotent returns the id of the request tenant already submitted with
 // idemKey, or "" when there is none.
 func (s *Store) Idempotent(ctx context.Context, tenant, idemKey string) (string, error) {

@@ -219,7 +219,7 @@ func TestRegisterCoversEveryTask(t *testing.T) {
 	t.Parallel()
 	mux := asynq.NewServeMux()
 	New(Deps{}).Register(mux)
-	for _, typ := range []string{TaskPurgeCache, TaskAlerts, TaskReport, TaskExpire, TaskPrune} {
+	for _, typ := range []string{TaskPurgeCache, TaskAlerts, TaskReport, TaskExpire, TaskPrune, TaskReconcile} {
 		if _, pattern := mux.Handler(asynq.NewTask(typ, nil)); pattern != typ {
 			t.Errorf("%s is handled by %q", typ, pattern)
 		}
@@ -253,6 +253,7 @@ func TestSchedule(t *testing.T) {
 		"@every 10m bulwark:cache:purge Queue(\"maintenance\") Unique(5m0s) MaxRetry(2)",
 		"@every 15s bulwark:queue:expire Queue(\"maintenance\") Unique(10s) MaxRetry(2)",
 		"@every 1h bulwark:history:prune Queue(\"maintenance\") Unique(30m0s) MaxRetry(2)",
+		"@every 1m bulwark:history:reconcile Queue(\"maintenance\") Unique(50s) MaxRetry(2)",
 		"@every 2m0s bulwark:alerts:evaluate Queue(\"maintenance\") Unique(1m0s) MaxRetry(2)",
 		"30 7 * * * bulwark:report:daily Queue(\"maintenance\") Unique(12h0m0s) MaxRetry(2)",
 	}

@@ -7,6 +7,7 @@
 //	bulwark:report:daily     the daily report → webhooks, e-mail    daily at report.at
 //	bulwark:queue:expire     fail queued requests past deadline     every 15 seconds
 //	bulwark:history:prune    delete history past its retention      every hour
+//	bulwark:history:reconcile  end the rows of requests Redis lost  every minute
 package maintenance
 
 import (
@@ -85,6 +86,20 @@ type Deps struct {
 	Jobs     JobStore
 	Queues   Queues
 	Finisher Finisher
+	// Unended and Records let the reconcile job end the history rows of
+	// requests Redis lost (history.Store, job.Store); either nil turns it
+	// off.
+	Unended UnendedHistory
+	Records Records
+	// ReconcileAfter is how old a request must be before the reconcile job
+	// looks at its row; default ReconcileAfterDefault.
+	ReconcileAfter time.Duration
+	// RecordTTL is how long a live record outlives its request's creation
+	// at the least (server.result_ttl).
+	RecordTTL time.Duration
+	// OnLost counts the requests the reconcile job found lost (metrics);
+	// may be nil.
+	OnLost func(n int64)
 }
 
 // Jobs runs the periodic jobs.
@@ -92,6 +107,9 @@ type Jobs struct{ d Deps }
 
 // New returns the jobs.
 func New(d Deps) *Jobs {
+	if d.ReconcileAfter <= 0 {
+		d.ReconcileAfter = ReconcileAfterDefault
+	}
 	return &Jobs{d: d}
 }
 
@@ -102,6 +120,7 @@ func (j *Jobs) Register(mux *asynq.ServeMux) {
 	mux.HandleFunc(TaskReport, j.report)
 	mux.HandleFunc(TaskExpire, j.expire)
 	mux.HandleFunc(TaskPrune, j.prune)
+	mux.HandleFunc(TaskReconcile, j.reconcile)
 }
 
 // Schedule registers the periodic jobs on s. at is "HH:MM" in the
@@ -120,6 +139,7 @@ func Schedule(s *asynq.Scheduler, alertsEvery time.Duration, at string) error {
 		{"@every 10m", TaskPurgeCache, 5 * time.Minute},
 		{"@every 15s", TaskExpire, 10 * time.Second},
 		{"@every 1h", TaskPrune, 30 * time.Minute},
+		{"@every 1m", TaskReconcile, 50 * time.Second},
 		{"@every " + alertsEvery.String(), TaskAlerts, alertsEvery / 2},
 		{fmt.Sprintf("%d %d * * *", m, h), TaskReport, 12 * time.Hour},
 	}

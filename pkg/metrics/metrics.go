@@ -56,6 +56,7 @@ const (
 	NameTokensSaved       = "bulwark_compression_tokens_saved_total"
 	NameHistoryErrors     = "bulwark_history_write_errors_total"
 	NameHistoryDropped    = "bulwark_history_dropped_total"
+	NameRequestsLost      = "bulwark_requests_lost_total"
 	NameHistoryBacklog    = "bulwark_history_backlog"
 
 	NameQueueDepth        = "bulwark_queue_depth"
@@ -175,6 +176,10 @@ type Metrics struct {
 	// HistoryDropped counts outcomes whose history write failed and that
 	// the full outbox could not keep: their rows stay as they were.
 	HistoryDropped prometheus.Counter
+	// RequestsLost counts accepted requests whose live record Redis lost
+	// with no ending recorded (a failover, a restart without persistence),
+	// as the reconcile job finds them and ends their history rows.
+	RequestsLost prometheus.Counter
 }
 
 // New creates Bulwark's collectors and registers them on reg. It panics if
@@ -249,6 +254,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: NameCacheUnavailable,
 			Help: "Requests for which the cache was bypassed because PostgreSQL was unavailable.",
 		}),
+		RequestsLost: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: NameRequestsLost,
+			Help: "Accepted requests Redis lost with no ending recorded (a failover, a restart without persistence), found by the history reconcile job; their history rows end failed (lost).",
+		}),
 		TokensSaved: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: NameTokensSaved,
 			Help: "Estimated input tokens prompt compression took off answered requests, by the route that served them.",
@@ -259,7 +268,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			m.ProviderCalls, m.ProviderLatency, m.RequestDuration, m.Requests,
 			m.RequestsSubmitted, m.CacheLookups, m.Coalesced, m.Fallbacks,
 			m.AdmissionRejected, m.Tokens, m.CostUSD, m.KeyCooldowns,
-			m.KeysDisabled, m.CacheUnavailable, m.HistoryErrors, m.HistoryDropped, m.TokensSaved,
+			m.KeysDisabled, m.CacheUnavailable, m.HistoryErrors, m.HistoryDropped, m.RequestsLost, m.TokensSaved,
 		)
 	}
 	return m
@@ -306,7 +315,7 @@ func FamilyNames() []string {
 		NameProviderCalls, NameProviderLatency, NameRequestDuration, NameRequests,
 		NameRequestsSubmitted, NameCacheLookups, NameCoalesced, NameFallbacks,
 		NameAdmissionRejected, NameTokens, NameCostUSD, NameKeyCooldowns,
-		NameKeysDisabled, NameCacheUnavailable, NameHistoryErrors, NameHistoryDropped, NameTokensSaved,
+		NameKeysDisabled, NameCacheUnavailable, NameHistoryErrors, NameHistoryDropped, NameRequestsLost, NameTokensSaved,
 		NameQueueDepth, NameQueueOldestWait, NameSlotsInUse, NameKeysAvailable,
 		NameKeysTotal, NameBreakerState, NameHistoryBacklog, NameStateScrapeErrors,
 		NameRedisPoolConnections, NameRedisPoolWaits, NameRedisPoolWaitSeconds, NameRedisPoolTimeouts,

@@ -164,7 +164,16 @@ func (b *Base) maintenanceDeps() maintenance.Deps {
 	cfg := b.Cfg
 	return maintenance.Deps{Cache: purger, History: b.History, Retention: cfg.Postgres.HistoryRetention, Pool: b.Pool, Breakers: b.Breakers, Notifier: b.Notifier,
 		PG: b.PG, Redis: b.Redis, Prefix: cfg.Redis.Keyspace().Root(), Report: cfg.Report, Language: cfg.Alerts.Language, Logger: b.Logger,
-		Jobs: b.Jobs, Queues: b.Queue, Finisher: b.Finisher}
+		Jobs: b.Jobs, Queues: b.Queue, Finisher: b.Finisher,
+		Unended: b.History, Records: b.Jobs, RecordTTL: cfg.Server.ResultTTL, ReconcileAfter: reconcileAfter(cfg.Queue.MaxWait),
+		OnLost: func(n int64) { b.Metrics.RequestsLost.Add(float64(n)) }}
+}
+
+// reconcileAfter is how old a request must be before the reconcile job
+// judges it: twice the longest a request may wait to start, and never
+// less than the job's default.
+func reconcileAfter(maxWait time.Duration) time.Duration {
+	return max(maintenance.ReconcileAfterDefault, 2*maxWait)
 }
 
 // Sweeper builds the orphan sweep every worker runs (maintenance.Sweeper):

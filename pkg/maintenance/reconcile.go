@@ -1,0 +1,164 @@
+package maintenance
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"bulwark/pkg/history"
+)
+
+// TaskReconcile ends the history rows of requests Redis lost.
+const TaskReconcile = "bulwark:history:reconcile"
+
+// Defaults and bounds of the reconcile job.
+const (
+	// ReconcileAfterDefault is how old a request must be before its history
+	// row is looked at: well past queue_max_wait's default (5 minutes), so
+	// that nearly every request has ended on its own by then.
+	ReconcileAfterDefault = 10 * time.Minute
+	// reconcileStep bounds the creation times one query reads: the rows of
+	// a step are read through the created_at index, ended ones included,
+	// so a catch-up after a long gap is many short queries, not one long
+	// one.
+	reconcileStep = 10 * time.Minute
+	// reconcileBudget bounds the time of one run, well inside its minute;
+	// the next run goes on from the cursor.
+	reconcileBudget = 20 * time.Second
+	// reconcileBatch bounds the rows one step ends.
+	reconcileBatch = 1000
+	// reconcileMargin keeps the job away from the oldest requests whose
+	// records may have expired (result_ttl after creation at the
+	// earliest) rather than been lost.
+	reconcileMargin = 10 * time.Minute
+)
+
+// UnendedHistory finds and ends history rows (history.Store).
+type UnendedHistory interface {
+	Unended(ctx context.Context, from, to time.Time, limit int) ([]history.Unended, error)
+	MarkLost(ctx context.Context, ids []string) (int64, error)
+}
+
+// Records tells which requests have no live record (job.Store).
+type Records interface {
+	Missing(ctx context.Context, ids []string) ([]string, error)
+}
+
+// reconcile ends, in history, the requests Redis lost. A request's live
+// record is stored before its history row and kept at least result_ttl
+// after its creation, so a row with no ending whose record is gone
+// before then belongs to a request that nothing will run or end: a write
+// Redis acknowledged and lost in a failover, or everything after a restart
+// without persistence. Its row becomes failed with job.LostReason, so
+// reports stop counting it as queued (GET and event streams already say
+// lost). Each row is looked at once, ReconcileAfter after its creation;
+// a request still running then ends as usual. A cursor in Redis says how
+// far it got; when Redis lost the cursor too, it starts again from the
+// oldest rows it may judge.
+func (j *Jobs) reconcile(ctx context.Context, _ *asynq.Task) error {
+	d := j.d
+	if d.Unended == nil || d.Records == nil {
+		return nil
+	}
+	now := time.Now()
+	to := now.Add(-d.ReconcileAfter)
+	from, err := j.reconcileCursor(ctx, now.Add(-d.RecordTTL+reconcileMargin))
+	if err != nil {
+		return err
+	}
+	for from.Before(to) && time.Since(now) < reconcileBudget {
+		next, err := j.reconcileStep(ctx, from, earlier(to, from.Add(reconcileStep)))
+		if err != nil {
+			return err
+		}
+		if err := d.Redis.Set(ctx, reconcileKey(d.Prefix), next.UnixMicro(), 0).Err(); err != nil {
+			return fmt.Errorf("maintenance: reconcile: save the cursor: %w", err)
+		}
+		from = next
+	}
+	return nil
+}
+
+// reconcileCursor is where the last run stopped, but never before floor.
+func (j *Jobs) reconcileCursor(ctx context.Context, floor time.Time) (time.Time, error) {
+	v, err := j.d.Redis.Get(ctx, reconcileKey(j.d.Prefix)).Result()
+	if errors.Is(err, redis.Nil) {
+		return floor, nil
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("maintenance: reconcile: read the cursor: %w", err)
+	}
+	us, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		return floor, nil // not ours to trust: start again from the floor
+	}
+	return later(time.UnixMicro(us), floor), nil
+}
+
+// reconcileStep ends the lost requests created in [from, to) and returns
+// where the next step starts.
+func (j *Jobs) reconcileStep(ctx context.Context, from, to time.Time) (time.Time, error) {
+	d := j.d
+	rows, err := d.Unended.Unended(ctx, from, to, reconcileBatch)
+	if err != nil {
+		return from, fmt.Errorf("maintenance: reconcile: %w", err)
+	}
+	ids := make([]string, len(rows))
+	for i, r := range rows {
+		ids[i] = r.ID
+	}
+	missing, err := d.Records.Missing(ctx, ids)
+	if err != nil {
+		return from, fmt.Errorf("maintenance: reconcile: %w", err)
+	}
+	n, err := d.Unended.MarkLost(ctx, missing)
+	if err != nil {
+		return from, fmt.Errorf("maintenance: reconcile: %w", err)
+	}
+	if n > 0 {
+		if d.OnLost != nil {
+			d.OnLost(n)
+		}
+		d.Logger.Warn("maintenance: requests lost by Redis ended in history as failed (lost)",
+			"count", n, "request_ids", head(missing, 20), "created_from", from, "created_to", to)
+	}
+	if len(rows) < reconcileBatch {
+		return to, nil
+	}
+	// A full batch: go on from its last row. Rows created at that same
+	// instant are read again; those just ended no longer match, so the
+	// next step reads others. Only a batch of live requests all created
+	// in one microsecond (PostgreSQL's resolution) could hold it still:
+	// then it steps over that microsecond.
+	last := rows[len(rows)-1].CreatedAt
+	if !last.After(from) && n == 0 {
+		last = from.Add(time.Microsecond)
+	}
+	return last, nil
+}
+
+func reconcileKey(prefix string) string { return prefix + "history:reconciled" }
+
+func earlier(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// head returns at most n of ids, for a log line.
+func head(ids []string, n int) []string {
+	return ids[:min(n, len(ids))]
+}

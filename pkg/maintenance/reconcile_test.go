@@ -1,0 +1,180 @@
+package maintenance
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"bulwark/pkg/history"
+	"bulwark/pkg/job"
+	"bulwark/pkg/llm"
+	"bulwark/pkg/priority"
+	"bulwark/pkg/testenv"
+)
+
+// reconcileFixture is the reconcile job over real Redis and PostgreSQL:
+// live records in a job.Store, rows in a history.Store.
+type reconcileFixture struct {
+	jobs *Jobs
+	live *job.Store
+	hist *history.Store
+	pg   *pgxpool.Pool
+	lost atomic.Int64
+}
+
+const reconcileTTL = 24 * time.Hour
+
+func newReconcile(t *testing.T) *reconcileFixture {
+	t.Helper()
+	rdb := testenv.Redis(t)
+	pg, err := pgxpool.New(t.Context(), testenv.Postgres(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pg.Close)
+	f := &reconcileFixture{live: job.NewStore(rdb, "t:{job}:", reconcileTTL), pg: pg,
+		hist: history.New(pg, slog.New(slog.DiscardHandler), time.Minute)}
+	f.jobs = New(Deps{Unended: f.hist, Records: f.live, RecordTTL: reconcileTTL, Redis: rdb, Prefix: "t:",
+		OnLost: func(n int64) { f.lost.Add(n) }, Logger: slog.New(slog.DiscardHandler)})
+	return f
+}
+
+// accept stores a request created age ago as intake does: its live record
+// when live, then its history row, with status st.
+func (f *reconcileFixture) accept(t *testing.T, id string, age time.Duration, st job.Status, live bool) {
+	t.Helper()
+	created := time.Now().Add(-age)
+	j := &job.Job{ID: id, Tenant: "demo", Priority: priority.Normal, Route: llm.Route{Provider: llm.ProviderClaude, Tier: "sonnet"},
+		CreatedAt: created, Deadline: created.Add(5 * time.Minute)}
+	if live {
+		if _, _, err := f.live.Create(t.Context(), j, job.Event{Type: job.EventQueued}, "", 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f.hist.Submitted(t.Context(), j, job.StatusQueued, job.CachedNone)
+	if st.Terminal() {
+		f.hist.Finished(t.Context(), &job.Record{Job: *j, Status: st, State: job.State{FinishedAt: time.Now()}}, 0)
+	}
+}
+
+func (f *reconcileFixture) status(t *testing.T, id string) (job.Status, string) {
+	t.Helper()
+	row, err := f.hist.Get(t.Context(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return row.Status, row.Error
+}
+
+func (f *reconcileFixture) run(t *testing.T) {
+	t.Helper()
+	if err := f.jobs.reconcile(t.Context(), nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A row with no ending whose live record is gone ends failed/lost; a row
+// whose record lives (a request still running), a row already ended, a
+// request too young to judge and one so old its record may have expired
+// keep theirs. A real ending written later (the outbox) still wins.
+func TestReconcileEndsLostRequests(t *testing.T) {
+	t.Parallel()
+	f := newReconcile(t)
+	f.accept(t, "lost", 20*time.Minute, job.StatusQueued, false)
+	f.accept(t, "running", 20*time.Minute, job.StatusQueued, true)
+	f.accept(t, "ended", 20*time.Minute, job.StatusCompleted, false)
+	f.accept(t, "young", time.Minute, job.StatusQueued, false)
+	f.accept(t, "expired", reconcileTTL, job.StatusQueued, false)
+	f.run(t)
+
+	if st, msg := f.status(t, "lost"); st != job.StatusFailed || msg != job.LostReason {
+		t.Fatalf("lost request's row: %s %q, want failed with job.LostReason", st, msg)
+	}
+	for id, want := range map[string]job.Status{"running": job.StatusQueued, "ended": job.StatusCompleted,
+		"young": job.StatusQueued, "expired": job.StatusQueued} {
+		if st, _ := f.status(t, id); st != want {
+			t.Errorf("%s: row %s, want %s", id, st, want)
+		}
+	}
+	if n := f.lost.Load(); n != 1 {
+		t.Fatalf("counted %d lost, want 1", n)
+	}
+
+	// The next run goes on from its cursor: the young request, once old
+	// enough, is judged; nothing is counted twice.
+	f.jobs.d.ReconcileAfter = 30 * time.Second
+	f.run(t)
+	if st, _ := f.status(t, "young"); st != job.StatusFailed {
+		t.Fatalf("young request, once old enough: %s, want failed", st)
+	}
+	if n := f.lost.Load(); n != 2 {
+		t.Fatalf("counted %d lost after the second run, want 2", n)
+	}
+
+	// An ending that arrives after all (replayed from the outbox) replaces
+	// the reconciler's.
+	rec := &job.Record{Job: job.Job{ID: "lost", Tenant: "demo", Priority: priority.Normal, CreatedAt: time.Now().Add(-20 * time.Minute),
+		Route: llm.Route{Provider: llm.ProviderClaude, Tier: "sonnet"}}, Status: job.StatusCompleted}
+	f.hist.Finished(t.Context(), rec, 0)
+	if st, msg := f.status(t, "lost"); st != job.StatusCompleted || msg != "" {
+		t.Fatalf("after a late ending: %s %q, want completed", st, msg)
+	}
+}
+
+// More lost rows than one batch, all created at the same instant (as
+// after a restart of Redis without persistence, to the microsecond here):
+// one run ends them all, in several steps, and a second run finds none.
+func TestReconcileManyAtOneInstant(t *testing.T) {
+	t.Parallel()
+	f := newReconcile(t)
+	n := reconcileBatch*2 + 500
+	created := time.Now().Add(-30 * time.Minute)
+	if _, err := f.pg.Exec(t.Context(), `
+		INSERT INTO requests (id, tenant, priority, status, provider, model_tier, created_at)
+		SELECT 'r' || g, 'demo', 3, 'queued', 'claude', 'sonnet', $1 FROM generate_series(1, $2) g`, created, n); err != nil {
+		t.Fatal(err)
+	}
+	f.accept(t, "running", 30*time.Minute, job.StatusQueued, true)
+	f.run(t)
+	if got := f.lost.Load(); got != int64(n) {
+		t.Fatalf("ended %d lost rows, want %d", got, n)
+	}
+	var left int
+	if err := f.pg.QueryRow(context.Background(), `SELECT count(*) FROM requests WHERE status = 'queued'`).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 1 {
+		t.Fatalf("%d rows still queued, want only the running request's", left)
+	}
+	f.run(t)
+	if got := f.lost.Load(); got != int64(n) {
+		t.Fatalf("second run counted %d more", got-int64(n))
+	}
+}
+
+// Redis failing leaves the cursor where it was: nothing is skipped.
+func TestReconcileKeepsTheCursorOnError(t *testing.T) {
+	t.Parallel()
+	f := newReconcile(t)
+	f.accept(t, "lost", 20*time.Minute, job.StatusQueued, false)
+	f.jobs.d.Records = failingRecords{}
+	if err := f.jobs.reconcile(t.Context(), nil); err == nil {
+		t.Fatal("no error with the records unreadable")
+	}
+	f.jobs.d.Records = f.live
+	f.run(t)
+	if st, _ := f.status(t, "lost"); st != job.StatusFailed {
+		t.Fatalf("after the error: %s, want failed", st)
+	}
+}
+
+type failingRecords struct{}
+
+func (failingRecords) Missing(context.Context, []string) ([]string, error) {
+	return nil, fmt.Errorf("redis down")
+}
