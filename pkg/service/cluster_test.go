@@ -13,10 +13,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"bulwark/pkg/alert"
 	"bulwark/pkg/breaker"
+	"bulwark/pkg/job"
 	"bulwark/pkg/keypool"
 	"bulwark/pkg/llm"
+	"bulwark/pkg/maintenance"
 	"bulwark/pkg/mockprovider"
 	"bulwark/pkg/priority"
 	"bulwark/pkg/service"
@@ -302,6 +307,30 @@ func clusterComponents(ctx context.Context, t *testing.T, s *system, api *apiPro
 	}
 	if err := s.workers[0].Sweeper().Sweep(ctx); err != nil {
 		t.Fatalf("sweep: %v", err)
+	}
+	reconcileLost(ctx, t, s.workers[0])
+}
+
+// reconcileLost runs the history reconcile job through a worker's task
+// handlers on a request Redis lost twenty minutes ago (a history row with
+// no live record): its row ends failed (lost), counted once.
+func reconcileLost(ctx context.Context, t *testing.T, w *service.Base) {
+	t.Helper()
+	id := fmt.Sprintf("lost-%d", time.Now().UnixNano())
+	if _, err := w.PG.Exec(ctx, `INSERT INTO requests (id, tenant, priority, status, provider, model_tier, created_at)
+		VALUES ($1, 'demo', 3, 'queued', 'claude', 'sonnet', now() - interval '20 minutes')`, id); err != nil {
+		t.Fatal(err)
+	}
+	before := testutil.ToFloat64(w.Metrics.RequestsLost)
+	_, mux := w.Worker(w.Clients())
+	if err := mux.ProcessTask(ctx, asynq.NewTask(maintenance.TaskReconcile, nil)); err != nil {
+		t.Fatalf("reconcile: %v", err)
+	}
+	if row, err := w.History.Get(ctx, id); err != nil || row.Status != job.StatusFailed || row.Error != job.LostReason {
+		t.Fatalf("lost request's history row after the reconcile job: %+v %v", row, err)
+	}
+	if n := testutil.ToFloat64(w.Metrics.RequestsLost) - before; n != 1 {
+		t.Fatalf("bulwark_requests_lost_total rose by %v, want 1", n)
 	}
 }
 
