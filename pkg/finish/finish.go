@@ -164,6 +164,19 @@ func (f *Finisher) FinishNew(ctx context.Context, j *job.Job, idemKey string, e 
 	return rec, "", true, nil
 }
 
+// EndUnstored ends request j as e says without storing a live record: a
+// cache hit answered to a caller that waits for the answer and has no
+// Idempotency-Key to look it up by again (a compat call). Its history row
+// and metrics are written as for any ending, so GET still finds it (from
+// history, once the row is written); Redis is not touched at all.
+func (f *Finisher) EndUnstored(ctx context.Context, j *job.Job, e Ending) (*job.Record, error) {
+	rec := &job.Record{Job: *j, Status: job.StatusQueued}
+	if err := f.finish(ctx, rec, e, func(context.Context, job.Change) error { return nil }); err != nil {
+		return nil, err
+	}
+	return rec, nil
+}
+
 // errNotCreated stops FinishNew after its write when the idempotency key
 // named an earlier request: nothing of j's was stored to account for.
 var errNotCreated = errors.New("finish: not created")

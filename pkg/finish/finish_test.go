@@ -297,3 +297,27 @@ func TestFinishNew(t *testing.T) {
 		t.Fatalf("a failed write: %v, history %d", err, len(b.history.rows))
 	}
 }
+
+// A compat call's cache hit ends with no record: its history row and its
+// metrics as any ending, once, and nothing written to the live store
+// (which fails here: the ending does not depend on it).
+func TestEndUnstored(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.jobs.err = errors.New("redis down")
+	route := llm.Route{Provider: llm.ProviderClaude, Tier: "sonnet"}
+	hit := job.State{Result: &llm.Response{}, ServedRoute: &route, Cached: job.CachedExact}
+	rec, err := b.f.EndUnstored(context.Background(), &record("u1").Job, Completed(hit))
+	if err != nil || rec.Status != job.StatusCompleted || rec.Job.ID != "u1" || rec.State.FinishedAt.IsZero() {
+		t.Fatalf("EndUnstored: %+v %v", rec, err)
+	}
+	if len(b.jobs.changes) != 0 || len(b.history.rows) != 1 || b.history.rows[0].Job.ID != "u1" {
+		t.Fatalf("changes %+v, history %d rows", b.jobs.changes, len(b.history.rows))
+	}
+	if got := counter(b.metrics.Requests.WithLabelValues("high", "completed")); got != 1 {
+		t.Fatalf("requests{completed} = %v, want 1", got)
+	}
+	if len(b.claims.released) != 0 {
+		t.Fatalf("claims released %v: a hit never holds one", b.claims.released)
+	}
+}

@@ -252,6 +252,12 @@ func (f memFinisher) FinishNew(ctx context.Context, j *job.Job, idemKey string, 
 	return rec, "", true, nil
 }
 
+// EndUnstored ends j with no record, as finish.Finisher does for a
+// compat call's cache hit.
+func (f memFinisher) EndUnstored(_ context.Context, j *job.Job, e finish.Ending) (*job.Record, error) {
+	return &job.Record{Job: *j, Status: e.Status, State: e.State, Code: e.Code}, nil
+}
+
 // memQueue is every queue: intake's, the API's and the hub's positioner.
 type memQueue struct {
 	prefix   string

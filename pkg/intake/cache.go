@@ -32,6 +32,16 @@ func (in *Intake) fromCache(ctx context.Context, j *job.Job, s Submission) (*Acc
 		return nil, false
 	}
 	in.metrics.CacheLookups.WithLabelValues(layer, string(hit.Kind)).Inc()
+	if s.Waited && s.IdempotencyKey == "" {
+		// A compat caller has the answer in this response and nothing to
+		// find it by again but its id, which history answers: no live
+		// record, no Redis round trip (6 commands a hit before).
+		rec, err := in.finisher.EndUnstored(ctx, j, finish.Completed(hitState(j, hit)))
+		if err != nil {
+			return nil, false
+		}
+		return hitAccepted(rec, hit), true
+	}
 	// Stored already ended, in one write: answered at once, it takes no
 	// share of the queue.
 	rec, id, created, err := in.finisher.FinishNew(ctx, j, s.IdempotencyKey, finish.Completed(hitState(j, hit)))

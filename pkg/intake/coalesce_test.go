@@ -53,6 +53,44 @@ func TestSubmitCacheHit(t *testing.T) {
 	}
 }
 
+// A compat caller's hit (it waits for the answer) without an
+// Idempotency-Key ends with no live record: nothing to look it up by but
+// its id, which history answers. With a key, or for the async API, the
+// hit is stored (ended) as before, so the key finds it again.
+func TestSubmitCacheHitOfAWaitingCaller(t *testing.T) {
+	t.Parallel()
+	hit := cache.Found{Kind: job.CachedExact, Answer: cache.Answer{Route: gpt4o, Response: answer("from cache")}}
+	for _, tt := range []struct {
+		name     string
+		waited   bool
+		idem     string
+		unstored bool
+	}{
+		{"compat", true, "", true},
+		{"compat with a key", true, "k1", false},
+		{"async", false, "", false},
+	} {
+		r := newRig(nil)
+		r.cache.found = hit
+		s := ask("q")
+		s.Waited, s.IdempotencyKey = tt.waited, tt.idem
+		a := r.submit(t, demo, s)
+		if a.Status != job.StatusCompleted || a.Result == nil || a.Result.Content != "from cache" || a.Ended == nil ||
+			a.Ended.Status != job.StatusCompleted || a.Ended.Job.ID != a.ID {
+			t.Fatalf("%s: accepted %+v", tt.name, a)
+		}
+		ends := r.finisher.endings()
+		if len(ends) != 1 || ends[0].id != a.ID {
+			t.Fatalf("%s: endings %+v, want one of %s", tt.name, ends, a.ID)
+		}
+		_, err := r.jobs.Get(context.Background(), a.ID)
+		stored := err == nil
+		if unstored := r.finisher.unstored == 1; unstored != tt.unstored || stored == tt.unstored {
+			t.Fatalf("%s: ended without a record %v, record stored %v; want without a record %v", tt.name, unstored, stored, tt.unstored)
+		}
+	}
+}
+
 // A caller that opts out of reading the cache is neither looked up nor
 // coalesced; the bypass is counted.
 func TestSubmitCacheBypass(t *testing.T) {

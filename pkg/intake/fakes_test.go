@@ -167,9 +167,10 @@ func (f *fakeJobs) count() int {
 
 // fakeFinisher ends records in fakeJobs, as pkg/finish does in Redis.
 type fakeFinisher struct {
-	jobs  *fakeJobs
-	mu    sync.Mutex
-	calls []ended
+	jobs     *fakeJobs
+	mu       sync.Mutex
+	calls    []ended
+	unstored int // endings EndUnstored wrote without a record
 }
 
 type ended struct {
@@ -203,6 +204,16 @@ func (f *fakeFinisher) FinishNew(ctx context.Context, j *job.Job, idemKey string
 		return nil, "", false, err
 	}
 	return rec, "", true, nil
+}
+
+// EndUnstored ends j with no record, as finish.Finisher does for a
+// compat call's cache hit.
+func (f *fakeFinisher) EndUnstored(_ context.Context, j *job.Job, e finish.Ending) (*job.Record, error) {
+	f.mu.Lock()
+	f.calls = append(f.calls, ended{j.ID, e})
+	f.unstored++
+	f.mu.Unlock()
+	return &job.Record{Job: *j, Status: e.Status, State: e.State, Code: e.Code}, nil
 }
 
 func (f *fakeFinisher) endings() []ended {

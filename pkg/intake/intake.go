@@ -161,6 +161,7 @@ type Cache interface {
 type Finisher interface {
 	Finish(ctx context.Context, rec *job.Record, e finish.Ending) error
 	FinishNew(ctx context.Context, j *job.Job, idemKey string, e finish.Ending) (rec *job.Record, otherID string, created bool, err error)
+	EndUnstored(ctx context.Context, j *job.Job, e finish.Ending) (*job.Record, error)
 }
 
 // Coalescer attaches identical in-flight requests to the first one.

@@ -2,7 +2,9 @@ package service_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -11,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"bulwark/pkg/config"
+	"bulwark/pkg/job"
 	"bulwark/pkg/mockprovider"
 	"bulwark/pkg/secret"
 	"bulwark/pkg/testenv"
@@ -220,5 +223,52 @@ func TestOpenAICompatibleEmbedder(t *testing.T) {
 	var embedder string
 	if err := api.base.PG.QueryRow(context.Background(), "SELECT DISTINCT embedder FROM semantic_cache").Scan(&embedder); err != nil || !strings.HasPrefix(embedder, "openai-") {
 		t.Fatalf("rows stored by embedder %q (%v)", embedder, err)
+	}
+}
+
+// A cache hit answered to a compat call without an Idempotency-Key keeps
+// no live record in Redis: the caller has the answer, and its id is found
+// in history. With a key the hit is stored, so the key finds it again.
+func TestCompatHitKeepsNoLiveRecord(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{})
+	api := s.startAPI()
+	s.startWorker()
+	chat := func(hdr ...string) (string, string, string) {
+		t.Helper()
+		code, out, h := call(t, "POST", api.ts.URL+"/v1/chat/completions", devToken,
+			map[string]any{"model": "gpt-4o", "messages": []map[string]any{{"role": "user", "content": "what does DTC P0300 mean?"}}}, hdr...)
+		if code != http.StatusOK {
+			t.Fatalf("status %d: %v", code, out)
+		}
+		msg := out["choices"].([]any)[0].(map[string]any)["message"].(map[string]any)
+		return h.Get("X-Bulwark-Request-Id"), h.Get("X-Bulwark-Cache"), msg["content"].(string)
+	}
+	want := mockprovider.Reply("what does DTC P0300 mean?")
+	if _, cached, text := chat(); cached != "none" || text != want {
+		t.Fatalf("first call: cache %q, %q", cached, text)
+	}
+	waitCacheRows(t, api, 1) // stored once the caller has the answer
+	id, cached, text := chat()
+	if cached != "exact" || text != want {
+		t.Fatalf("second call: cache %q, %q", cached, text)
+	}
+	if _, err := api.base.Jobs.StatusOf(t.Context(), id); !errors.Is(err, job.ErrNotFound) {
+		t.Fatalf("the hit %s has a live record (%v)", id, err)
+	}
+	res := api.waitStatus(t, id, 10*time.Second, "completed") // from history, once its row is written
+	if r := res["result"].(map[string]any); r["content"] != want || r["cached"] != "exact" {
+		t.Fatalf("GET of the hit: %v", res)
+	}
+
+	keyed, cached, _ := chat("Idempotency-Key", "hit-key")
+	if cached != "exact" {
+		t.Fatalf("keyed call: cache %q", cached)
+	}
+	if st, err := api.base.Jobs.StatusOf(t.Context(), keyed); err != nil || st != job.StatusCompleted {
+		t.Fatalf("the keyed hit's live record: %q %v", st, err)
+	}
+	if again, _, _ := chat("Idempotency-Key", "hit-key"); again != keyed {
+		t.Fatalf("the same key answered request %s, then %s", keyed, again)
 	}
 }
