@@ -558,3 +558,24 @@ func TestOpenAIUnreadableAnswer(t *testing.T) {
 	require.ErrorContains(t, err, "decode response")
 	require.NotContains(t, err.Error(), "sk-leaky")
 }
+
+// BenchmarkLocalEmbed is the local embedder's cost per prompt: a short
+// question (the compat benchmark's), and a request with a 2 KB system
+// prompt (what an agent usually sends).
+func BenchmarkLocalEmbed(b *testing.B) {
+	l, err := NewLocal(0)
+	if err != nil {
+		b.Fatal(err)
+	}
+	short := "question 17 of run x: what does DTC P0300 mean?"
+	long := strings.Repeat("You are the diagnosis assistant of a vehicle platform; answer with root cause and fix. ", 24) + short
+	for _, c := range []struct{ name, text string }{{"short", short}, {"2KB", long}} {
+		b.Run(c.name, func(b *testing.B) {
+			for b.Loop() {
+				if _, err := l.Embed(context.Background(), []string{c.text}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
