@@ -97,8 +97,11 @@ type Server struct {
 	// SyncTimeout is how long the compat endpoints wait for an answer
 	// before replying 429 with the request id. Default 60s.
 	SyncTimeout time.Duration `yaml:"sync_timeout"`
-	// ResultTTL is how long a finished request's live record and events are
-	// kept in Redis; the history row in PostgreSQL stays. Default 24h.
+	// ResultTTL is how long a finished request's live record (and its
+	// idempotency key) is kept in Redis; GET reads the history row in
+	// PostgreSQL after it. Its event stream goes after job.EndedEventsTTL
+	// (5 min). Redis holds about 1.7 KB per ended request for this long,
+	// so it sizes Redis's memory (README, scale model). Default 1h.
 	ResultTTL time.Duration `yaml:"result_ttl"`
 	// ShutdownTimeout bounds the graceful HTTP shutdown. Default 10s.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`

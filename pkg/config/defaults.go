@@ -24,7 +24,7 @@ const (
 	MaxTokensLimitDefault           = 32_000
 	DefaultMaxTokensDefault         = 1024
 	SyncTimeoutDefault              = httpapi.SyncTimeoutDefault
-	ResultTTLDefault                = 24 * time.Hour
+	ResultTTLDefault                = time.Hour
 	ServerShutdownTimeoutDefault    = 10 * time.Second
 	ReadHeaderTimeoutDefault        = 5 * time.Second
 	ReadTimeoutDefault              = 30 * time.Second

@@ -40,6 +40,20 @@ type Store struct {
 // MaxEvents bounds one request's stream; a request has a handful of events.
 const MaxEvents = 200
 
+// EndedEventsTTL is how long an ended request's event stream is kept (at
+// most as long as its record): long enough for a client that lost its
+// stream to reconnect with Last-Event-ID and get what it missed. After it,
+// a stream opened on the request gets its terminal event rebuilt from the
+// record. A stream of three events takes about 4.8 KB of Redis, more than
+// the record itself: kept for the record's whole TTL, it was most of what
+// an ended request held.
+const EndedEventsTTL = 5 * time.Minute
+
+// endedEventsTTL is EndedEventsTTL in seconds, never past the record's TTL.
+func (s *Store) endedEventsTTL() int {
+	return max(1, int(min(EndedEventsTTL, s.ttl).Seconds()))
+}
+
 // NewStore returns a store using keys under prefix ("bulwark:{job}:") that
 // keeps finished records for ttl. Its scripts touch several of these keys
 // at once: in a Redis Cluster the prefix must carry a hash tag
@@ -71,7 +85,8 @@ func (s *Store) Channel() string { return s.prefix + "events" }
 // limit (0: none), ARGV[10] the prompt's embedding ("" none; see encodeVector),
 // ARGV[11] terminal status for a request that ends as it is stored ("" none:
 // it is queued), ARGV[12] its state JSON, ARGV[13] its event JSON, ARGV[14]
-// ttl of the ended record (s), ARGV[15] reason, ARGV[16] code, ARGV[17] detail
+// ttl of the ended record (s), ARGV[15] reason, ARGV[16] code, ARGV[17] detail,
+// ARGV[18] ttl of the ended request's event stream (s)
 // Reply: {1, streamID of the last event} created; {0, existingID}
 // idempotency key already used; {2, count} the tenant is at its limit.
 var createScript = redis.NewScript(`
@@ -119,6 +134,7 @@ else
   -- request whose id is being created, and every API's hub would receive
   -- both messages only to drop them (two per cache hit, per API process).
   sid = redis.call("XADD", KEYS[2], "MAXLEN", "~", ARGV[7], "*", "e", ARGV[13])
+  ttl = ARGV[18]
 end
 redis.call("EXPIRE", KEYS[2], ttl)
 return {1, sid}
@@ -167,13 +183,17 @@ func (s *Store) create(ctx context.Context, j *Job, ev Event, idemKey string, ma
 	// reads: as JSON it was most of the record, decoded on every Get.
 	bare := *j
 	bare.Embedding = nil
+	emb := encodeVector(j.Embedding)
+	if end != nil {
+		emb = "" // ended as stored: no call will write the cache
+	}
 	args := []any{mustJSON(&bare), string(StatusQueued), mustJSON(ev), s.Channel(), j.ID, int(ttl.Seconds()) + 1, MaxEvents,
-		j.CreatedAt.UnixMilli(), max(0, maxLive), encodeVector(j.Embedding)}
+		j.CreatedAt.UnixMilli(), max(0, maxLive), emb}
 	if end != nil {
 		args = append(args, string(end.Status), mustJSON(end.State), s.event(j.ID, *end), max(1, int(s.ttl.Seconds())),
-			end.Reason, string(end.Code), end.Detail)
+			end.Reason, string(end.Code), end.Detail, s.endedEventsTTL())
 	} else {
-		args = append(args, "", "", "", 0, "", "", "")
+		args = append(args, "", "", "", 0, "", "", "", 0)
 	}
 	res, err := createScript.Run(ctx, s.rdb,
 		[]string{s.jobKey(j.ID), s.streamKey(j.ID), ik, s.liveKey(), s.tenantLiveKey(j.Tenant)}, args...).Slice()
@@ -200,7 +220,8 @@ func (s *Store) create(ctx context.Context, j *Job, ev Event, idemKey string, ma
 // ARGV[3] event JSON ("" for none), ARGV[4] channel, ARGV[5] id,
 // ARGV[6] ttl seconds to set when the new status is terminal (0 none),
 // ARGV[7] reason ("" none), ARGV[8] max events, ARGV[9] code ("" none),
-// ARGV[10] detail ("" none)
+// ARGV[10] detail ("" none), ARGV[11] ttl seconds of the event stream once
+// terminal
 // Reply: {1, streamID or ""} done; {0, current status} refused (ended or missing).
 var transitionScript = redis.NewScript(`
 local cur = redis.call("HGET", KEYS[1], "status")
@@ -220,8 +241,11 @@ if ARGV[3] ~= "" then
   redis.call("PUBLISH", ARGV[4], ARGV[5] .. " " .. sid .. " " .. ARGV[3])
 end
 if tonumber(ARGV[6]) > 0 then
+  -- Ended: the prompt's embedding served the call's cache write, which has
+  -- it already; the record is kept without it.
+  redis.call("HDEL", KEYS[1], "emb")
   redis.call("EXPIRE", KEYS[1], ARGV[6])
-  redis.call("EXPIRE", KEYS[2], ARGV[6])
+  redis.call("EXPIRE", KEYS[2], ARGV[11])
   redis.call("ZREM", KEYS[3], ARGV[5])
 end
 return {1, sid}
@@ -245,10 +269,11 @@ func (s *Store) Apply(ctx context.Context, id string, c Change) (string, error) 
 		state = mustJSON(c.State)
 	}
 	if c.Status.Terminal() {
-		ttl = int(s.ttl.Seconds())
+		ttl = max(1, int(s.ttl.Seconds()))
 	}
 	res, err := transitionScript.Run(ctx, s.rdb, []string{s.jobKey(id), s.streamKey(id), s.liveKey()},
-		string(c.Status), state, event, s.Channel(), id, ttl, c.Reason, MaxEvents, string(c.Code), c.Detail).Slice()
+		string(c.Status), state, event, s.Channel(), id, ttl, c.Reason, MaxEvents, string(c.Code), c.Detail,
+		s.endedEventsTTL()).Slice()
 	if err != nil {
 		return "", fmt.Errorf("job: update %s: %w", id, err)
 	}

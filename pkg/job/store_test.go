@@ -2,6 +2,7 @@ package job_test
 
 import (
 	"context"
+	"fmt"
 	"encoding/json"
 	"errors"
 	"math"
@@ -80,6 +81,43 @@ func TestLifecycle(t *testing.T) {
 	}
 }
 
+// What an ended request keeps: its record without the prompt's embedding
+// (the call's cache write had it) for the result TTL, its event stream for
+// job.EndedEventsTTL (never longer than the record).
+func TestEndedRequestKeepsLess(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	for _, ttl := range []time.Duration{time.Hour, 2 * time.Minute} {
+		prefix := fmt.Sprintf("k%d:", ttl/time.Second)
+		s := job.NewStore(rdb, prefix, ttl)
+		j := newJob("e1")
+		j.Embedding = []float32{0.5, -0.5}
+		if _, _, err := s.Create(ctx, j, job.Event{Type: job.EventQueued}, "", 0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Apply(ctx, "e1", job.Change{Status: job.StatusRunning, Event: &job.Event{Type: job.EventStarted}}); err != nil {
+			t.Fatal(err)
+		}
+		if rec, err := s.GetWithEmbedding(ctx, "e1"); err != nil || len(rec.Job.Embedding) != 2 {
+			t.Fatalf("running: embedding %v %v", rec.Job.Embedding, err)
+		}
+		if _, err := s.Apply(ctx, "e1", job.Change{Status: job.StatusCompleted, State: &job.State{},
+			Event: &job.Event{Type: job.EventCompleted}}); err != nil {
+			t.Fatal(err)
+		}
+		if rec, err := s.GetWithEmbedding(ctx, "e1"); err != nil || rec.Status != job.StatusCompleted || rec.Job.Embedding != nil {
+			t.Fatalf("ended: %+v %v, want no embedding", rec, err)
+		}
+		streamTTL := min(job.EndedEventsTTL, ttl)
+		for key, want := range map[string]time.Duration{prefix + "job:e1": ttl, prefix + "ev:e1": streamTTL} {
+			if got := rdb.TTL(ctx, key).Val(); got <= want-time.Minute || got > want {
+				t.Fatalf("%s kept for %s, want %s", key, got, want)
+			}
+		}
+	}
+}
+
 // The prompt's embedding is read only by GetWithEmbedding: Get, on every
 // wait and poll, decodes no vector. A record written before the embedding
 // had its own field (inside the job JSON) still gives it back.
@@ -150,9 +188,10 @@ func TestCreateEnded(t *testing.T) {
 	if msg, err := sub.ReceiveMessage(ctx); err != nil || msg.Payload != "after" {
 		t.Fatalf("first message on the channel: %+v %v, want the one sent after CreateEnded", msg, err)
 	}
+	// Ended as stored, it keeps no embedding: no call will write the cache.
 	rec, err := s.GetWithEmbedding(ctx, "h1")
 	if err != nil || rec.Status != job.StatusCompleted || rec.State.Cached != job.CachedExact || rec.State.Result == nil ||
-		!slices.Equal(rec.Job.Embedding, j.Embedding) {
+		rec.Job.Embedding != nil {
 		t.Fatalf("record: %+v %v", rec, err)
 	}
 	evs, err := s.Events(ctx, "h1", "")
@@ -163,9 +202,10 @@ func TestCreateEnded(t *testing.T) {
 	if live, err := s.Live(ctx, time.Now().Add(time.Hour), 10); err != nil || len(live) != 0 {
 		t.Fatalf("an ended request is live: %v %v", live, err)
 	}
-	for _, key := range []string{"ce:job:h1", "ce:ev:h1"} {
-		if ttl := rdb.TTL(ctx, key).Val(); ttl <= 59*time.Minute || ttl > time.Hour {
-			t.Fatalf("%s kept for %s, want the result TTL (1h)", key, ttl)
+	// The record for the result TTL, its events for job.EndedEventsTTL.
+	for key, want := range map[string]time.Duration{"ce:job:h1": time.Hour, "ce:ev:h1": job.EndedEventsTTL} {
+		if ttl := rdb.TTL(ctx, key).Val(); ttl <= want-time.Minute || ttl > want {
+			t.Fatalf("%s kept for %s, want %s", key, ttl, want)
 		}
 	}
 	// A late ending is refused as for any ended request.

@@ -29,7 +29,8 @@ import (
 // INFO commandstats), Redis CPU, and this process's CPU (API, worker,
 // mock and clients together), and the round trips the API and worker made
 // to Redis (a pipeline is one). Run it with -benchtime 1x; `make bench`
-// runs it three times.
+// runs it three times. It also reports the Redis memory each request
+// leaves behind (used_memory before and after).
 //
 //	queued/c=32   distinct prompts: cache miss, queue, worker, provider call
 //	queued/c=1    the same, one client at a time (latency of the path)
@@ -129,6 +130,10 @@ func benchCompat(b *testing.B, tc benchCase) {
 	b.ReportMetric(float64(r1.commands-r0.commands)/float64(n), "redis_cmds/req")
 	b.ReportMetric(float64(r1.in-r0.in)/float64(n), "redis_in_B/req")
 	b.ReportMetric(float64(r1.out-r0.out)/float64(n), "redis_out_B/req")
+	// What each request leaves in Redis (its record, event stream and
+	// idempotency key, kept server.result_ttl after it ends): the memory a
+	// primary needs is this × requests/s × result_ttl.
+	b.ReportMetric(float64(r1.mem-r0.mem)/float64(n), "redis_mem_B/req")
 	if tc.limited {
 		m1 := s.mock.Stats().Total()
 		inj := m1.Injected[mockprovider.FaultRateLimit] - m0.Injected[mockprovider.FaultRateLimit]
@@ -185,6 +190,7 @@ type redisUse struct {
 	commands int64 // every command executed, those run by scripts too
 	in, out  int64 // network bytes received and sent
 	cpu      time.Duration
+	mem      int64 // used_memory: what the data set holds
 }
 
 // redisCost reads INFO commandstats (whose counts include the commands
@@ -213,6 +219,11 @@ func redisCost(b *testing.B, rdb *redis.Client) redisUse {
 		b.Fatal(err)
 	}
 	u.cpu = time.Duration((infoFloat(cpuInfo, "used_cpu_user") + infoFloat(cpuInfo, "used_cpu_sys")) * float64(time.Second))
+	memInfo, err := rdb.Info(ctx, "memory").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	u.mem = int64(infoFloat(memInfo, "used_memory"))
 	return u
 }
 
