@@ -110,6 +110,10 @@ func New(d Deps) *Jobs {
 	if d.ReconcileAfter <= 0 {
 		d.ReconcileAfter = ReconcileAfterDefault
 	}
+	if d.Unended != nil && d.Logger != nil && d.RecordTTL-reconcileMargin <= d.ReconcileAfter {
+		d.Logger.Warn("maintenance: the history reconcile job has nothing it may judge: a record may expire before its request is old enough; raise server.result_ttl",
+			"result_ttl", d.RecordTTL, "judged_after", d.ReconcileAfter, "margin", reconcileMargin)
+	}
 	return &Jobs{d: d}
 }
 

@@ -1,9 +1,11 @@
 package maintenance
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -177,4 +179,17 @@ type failingRecords struct{}
 
 func (failingRecords) Missing(context.Context, []string) ([]string, error) {
 	return nil, fmt.Errorf("redis down")
+}
+
+// A result_ttl too short for any request to be judged is said at start,
+// not left to a job that silently does nothing.
+func TestReconcileWarnsOfANarrowWindow(t *testing.T) {
+	t.Parallel()
+	for ttl, warn := range map[time.Duration]bool{15 * time.Minute: true, time.Hour: false} {
+		var buf bytes.Buffer
+		New(Deps{Unended: (*history.Store)(nil), RecordTTL: ttl, Logger: slog.New(slog.NewTextHandler(&buf, nil))})
+		if got := strings.Contains(buf.String(), "raise server.result_ttl"); got != warn {
+			t.Errorf("result_ttl %s: warned %v, want %v (%q)", ttl, got, warn, buf.String())
+		}
+	}
 }
