@@ -177,6 +177,17 @@ func (f *Finisher) EndUnstored(ctx context.Context, j *job.Job, e Ending) (*job.
 	return rec, nil
 }
 
+// keep is how long j's record stays once ended: EndedEventsTTL when its
+// caller took the answer in its response and has no key to ask for it
+// again (GET by id reads history after), the store's result TTL
+// otherwise.
+func keep(j job.Job) time.Duration {
+	if j.Answered {
+		return job.EndedEventsTTL
+	}
+	return 0
+}
+
 // errNotCreated stops FinishNew after its write when the idempotency key
 // named an earlier request: nothing of j's was stored to account for.
 var errNotCreated = errors.New("finish: not created")
@@ -197,7 +208,7 @@ func (f *Finisher) finish(ctx context.Context, rec *job.Record, e Ending, write 
 		public, detail = TenantReason(rec.Job, e.Code, e.Reason), provider.Redact(e.Reason)
 	}
 	err := write(wctx, job.Change{Status: e.Status, State: &st, Reason: public, Code: e.Code,
-		Detail: detail, Event: event(e, st, public)})
+		Detail: detail, Event: event(e, st, public), Keep: keep(rec.Job)})
 	if err != nil {
 		return fmt.Errorf("finish %s: %w", rec.Job.ID, err)
 	}

@@ -321,3 +321,21 @@ func TestEndUnstored(t *testing.T) {
 		t.Fatalf("claims released %v: a hit never holds one", b.claims.released)
 	}
 }
+
+// A request whose caller took the answer in its response, with no key to
+// ask again (job.Job.Answered), keeps its ended record only
+// job.EndedEventsTTL; any other keeps it the store's result TTL.
+func TestEndingKeepsAnAnsweredRecordBriefly(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	answered, other := record("a1"), record("a2")
+	answered.Job.Answered = true
+	for _, rec := range []*job.Record{answered, other} {
+		if err := b.f.Finish(context.Background(), rec, Failed(rec.State, job.CodeNoRoute, "none")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(b.jobs.changes) != 2 || b.jobs.changes[0].Keep != job.EndedEventsTTL || b.jobs.changes[1].Keep != 0 {
+		t.Fatalf("changes %+v, want Keep %s then 0", b.jobs.changes, job.EndedEventsTTL)
+	}
+}

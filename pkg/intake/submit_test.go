@@ -88,7 +88,7 @@ func TestSubmitQueued(t *testing.T) {
 	rec := r.jobs.record(t, a.ID)
 	j := rec.Job
 	if j.Tenant != "demo" || j.Request.MaxTokens != 1024 || j.Layer != "router" || j.CacheKey != "demo|claude/sonnet|q" ||
-		!j.CacheRead || !j.CacheWrite || j.Deadline.Sub(j.CreatedAt) != time.Minute {
+		!j.CacheRead || !j.CacheWrite || j.Deadline.Sub(j.CreatedAt) != time.Minute || j.Answered {
 		t.Fatalf("stored job %+v", j)
 	}
 	if got := r.history.rows(); len(got) != 1 || got[0] != a.ID+" queued none" {
@@ -111,6 +111,15 @@ func TestSubmitQueued(t *testing.T) {
 	r.queue.mu.Unlock()
 	if c := r.submit(t, demo, ask("third")); c.Position != 1 || c.Message != progress.QueuedMessage("en", 1, 0) {
 		t.Fatalf("taken at once: position %d, %q", c.Position, c.Message)
+	}
+	// A caller that waits for the answer with no Idempotency-Key (a compat
+	// call) takes it in its response: its record need not outlive the end.
+	for key, want := range map[string]bool{"": true, "k-answered": false} {
+		w := ask("waited " + key)
+		w.Waited, w.IdempotencyKey = true, key
+		if got := r.jobs.record(t, r.submit(t, demo, w).ID).Job.Answered; got != want {
+			t.Fatalf("waited with key %q: Answered %v, want %v", key, got, want)
+		}
 	}
 }
 

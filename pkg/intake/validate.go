@@ -177,7 +177,7 @@ func (in *Intake) build(t Tenant, s Submission) (*job.Job, error) {
 		ID: job.NewID(now), Tenant: t.Name, Priority: p, Route: s.Route, Request: req, CaseID: s.CaseID, Layer: layer,
 		ToolResultsHash: s.ToolResultsHash, Metadata: s.Metadata,
 		CacheRead: !s.NoCacheRead, CacheWrite: !s.NoCacheWrite, NoCompress: s.NoCompress,
-		CreatedAt: now, Deadline: now.Add(in.cfg.MaxWait),
+		CreatedAt: now, Deadline: now.Add(in.cfg.MaxWait), Answered: s.Waited && s.IdempotencyKey == "",
 	}
 	if j.ToolResultsHash == "" {
 		j.ToolResultsHash = ToolResultsHash(req)

@@ -103,6 +103,11 @@ type Job struct {
 	// Deadline is when a request that has not started fails
 	// (created_at + queue_max_wait).
 	Deadline time.Time `json:"deadline"`
+	// Answered says the caller takes the answer in its response (a compat
+	// call) and gave no Idempotency-Key: nothing will look for its record
+	// once it has ended but by id, which history answers, so the record
+	// is kept only EndedEventsTTL after the end (finish, Change.Keep).
+	Answered bool `json:"answered,omitempty"`
 }
 
 // Cached says where a request's answer came from: its own provider call

@@ -49,9 +49,18 @@ const MaxEvents = 200
 // an ended request held.
 const EndedEventsTTL = 5 * time.Minute
 
-// endedEventsTTL is EndedEventsTTL in seconds, never past the record's TTL.
-func (s *Store) endedEventsTTL() int {
-	return max(1, int(min(EndedEventsTTL, s.ttl).Seconds()))
+// keep is how long an ending c keeps the record: c.Keep, or the store's
+// result TTL.
+func (s *Store) keep(c Change) time.Duration {
+	if c.Keep > 0 {
+		return c.Keep
+	}
+	return s.ttl
+}
+
+// eventsTTL is EndedEventsTTL in seconds, never past keep, the record's.
+func eventsTTL(keep time.Duration) int {
+	return max(1, int(min(EndedEventsTTL, keep).Seconds()))
 }
 
 // NewStore returns a store using keys under prefix ("bulwark:{job}:") that
@@ -190,8 +199,9 @@ func (s *Store) create(ctx context.Context, j *Job, ev Event, idemKey string, ma
 	args := []any{mustJSON(&bare), string(StatusQueued), mustJSON(ev), s.Channel(), j.ID, int(ttl.Seconds()) + 1, MaxEvents,
 		j.CreatedAt.UnixMilli(), max(0, maxLive), emb}
 	if end != nil {
-		args = append(args, string(end.Status), mustJSON(end.State), s.event(j.ID, *end), max(1, int(s.ttl.Seconds())),
-			end.Reason, string(end.Code), end.Detail, s.endedEventsTTL())
+		keep := s.keep(*end)
+		args = append(args, string(end.Status), mustJSON(end.State), s.event(j.ID, *end), max(1, int(keep.Seconds())),
+			end.Reason, string(end.Code), end.Detail, eventsTTL(keep))
 	} else {
 		args = append(args, "", "", "", 0, "", "", "", 0)
 	}
@@ -259,6 +269,9 @@ type Change struct {
 	Reason string // why it failed or was cancelled, for the tenant
 	Code   Code   // why it failed or was cancelled, for programs
 	Detail string // what happened, for operators (see Record.Detail)
+	// Keep is how long an ending keeps the record (0: the store's result
+	// TTL); its event stream goes after EndedEventsTTL at the most.
+	Keep time.Duration
 }
 
 // Apply applies c unless the request has ended. It returns the event's
@@ -268,12 +281,13 @@ func (s *Store) Apply(ctx context.Context, id string, c Change) (string, error) 
 	if c.State != nil {
 		state = mustJSON(c.State)
 	}
+	keep := s.keep(c)
 	if c.Status.Terminal() {
-		ttl = max(1, int(s.ttl.Seconds()))
+		ttl = max(1, int(keep.Seconds()))
 	}
 	res, err := transitionScript.Run(ctx, s.rdb, []string{s.jobKey(id), s.streamKey(id), s.liveKey()},
 		string(c.Status), state, event, s.Channel(), id, ttl, c.Reason, MaxEvents, string(c.Code), c.Detail,
-		s.endedEventsTTL()).Slice()
+		eventsTTL(keep)).Slice()
 	if err != nil {
 		return "", fmt.Errorf("job: update %s: %w", id, err)
 	}

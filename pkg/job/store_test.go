@@ -115,6 +115,20 @@ func TestEndedRequestKeepsLess(t *testing.T) {
 				t.Fatalf("%s kept for %s, want %s", key, got, want)
 			}
 		}
+		// An ending that says how long to keep the record (a caller that
+		// took its answer: finish) is kept that long, its events no longer.
+		if _, _, err := s.Create(ctx, newJob("e2"), job.Event{Type: job.EventQueued}, "", 0); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Apply(ctx, "e2", job.Change{Status: job.StatusCompleted, State: &job.State{}, Keep: 90 * time.Second,
+			Event: &job.Event{Type: job.EventCompleted}}); err != nil {
+			t.Fatal(err)
+		}
+		for _, key := range []string{prefix + "job:e2", prefix + "ev:e2"} {
+			if got := rdb.TTL(ctx, key).Val(); got <= 30*time.Second || got > 90*time.Second {
+				t.Fatalf("%s kept for %s, want 90s", key, got)
+			}
+		}
 	}
 }
 

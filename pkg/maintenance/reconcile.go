@@ -42,6 +42,8 @@ const (
 type UnendedHistory interface {
 	Unended(ctx context.Context, from, to time.Time, limit int) ([]history.Unended, error)
 	MarkLost(ctx context.Context, ids []string) (int64, error)
+	// Backlog is how many endings wait in the outbox for PostgreSQL.
+	Backlog(ctx context.Context) (int64, error)
 }
 
 // Records tells which requests have no live record (job.Store).
@@ -63,6 +65,16 @@ type Records interface {
 func (j *Jobs) reconcile(ctx context.Context, _ *asynq.Task) error {
 	d := j.d
 	if d.Unended == nil || d.Records == nil {
+		return nil
+	}
+	// Endings kept while PostgreSQL was away are written first: a row
+	// still open only for that, of a request whose record has gone since
+	// (a compat call's, 5 minutes after its end), is not lost.
+	if n, err := d.Unended.Backlog(ctx); err != nil || n > 0 {
+		if err != nil {
+			return fmt.Errorf("maintenance: reconcile: %w", err)
+		}
+		d.Logger.Info("maintenance: reconcile waits for the history outbox", "backlog", n)
 		return nil
 	}
 	now := time.Now()

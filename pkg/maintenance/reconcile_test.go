@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 
 	"bulwark/pkg/history"
 	"bulwark/pkg/job"
@@ -26,6 +27,7 @@ type reconcileFixture struct {
 	live *job.Store
 	hist *history.Store
 	pg   *pgxpool.Pool
+	rdb  *redis.Client
 	lost atomic.Int64
 }
 
@@ -39,8 +41,9 @@ func newReconcile(t *testing.T) *reconcileFixture {
 		t.Fatal(err)
 	}
 	t.Cleanup(pg.Close)
-	f := &reconcileFixture{live: job.NewStore(rdb, "t:{job}:", reconcileTTL), pg: pg,
+	f := &reconcileFixture{live: job.NewStore(rdb, "t:{job}:", reconcileTTL), pg: pg, rdb: rdb,
 		hist: history.New(pg, slog.New(slog.DiscardHandler), time.Minute)}
+	f.hist.Outbox(rdb, "t:history:outbox", 100)
 	f.jobs = New(Deps{Unended: f.hist, Records: f.live, RecordTTL: reconcileTTL, Redis: rdb, Prefix: "t:",
 		OnLost: func(n int64) { f.lost.Add(n) }, Logger: slog.New(slog.DiscardHandler)})
 	return f
@@ -156,6 +159,26 @@ func TestReconcileManyAtOneInstant(t *testing.T) {
 	f.run(t)
 	if got := f.lost.Load(); got != int64(n) {
 		t.Fatalf("second run counted %d more", got-int64(n))
+	}
+}
+
+// While endings wait in the history outbox (PostgreSQL was away), rows are
+// not judged: a row open only for that is not lost.
+func TestReconcileWaitsForTheOutbox(t *testing.T) {
+	t.Parallel()
+	f := newReconcile(t)
+	f.accept(t, "pending", 20*time.Minute, job.StatusQueued, false)
+	if err := f.rdb.LPush(t.Context(), "t:history:outbox", "an ending").Err(); err != nil {
+		t.Fatal(err)
+	}
+	f.run(t)
+	if st, _ := f.status(t, "pending"); st != job.StatusQueued || f.lost.Load() != 0 {
+		t.Fatalf("judged with an outbox backlog: %s, %d lost", st, f.lost.Load())
+	}
+	f.rdb.Del(t.Context(), "t:history:outbox")
+	f.run(t)
+	if st, _ := f.status(t, "pending"); st != job.StatusFailed {
+		t.Fatalf("once the outbox is empty: %s, want failed", st)
 	}
 }
 

@@ -228,8 +228,10 @@ func TestOpenAICompatibleEmbedder(t *testing.T) {
 
 // A cache hit answered to a compat call without an Idempotency-Key keeps
 // no live record in Redis: the caller has the answer, and its id is found
-// in history. With a key the hit is stored, so the key finds it again.
-func TestCompatHitKeepsNoLiveRecord(t *testing.T) {
+// in history. With a key the hit is stored, so the key finds it again. A
+// miss's record, once answered, is kept job.EndedEventsTTL without a key,
+// server.result_ttl with one.
+func TestCompatRecordLifetimes(t *testing.T) {
 	t.Parallel()
 	s := newSystem(t, opts{})
 	api := s.startAPI()
@@ -245,8 +247,13 @@ func TestCompatHitKeepsNoLiveRecord(t *testing.T) {
 		return h.Get("X-Bulwark-Request-Id"), h.Get("X-Bulwark-Cache"), msg["content"].(string)
 	}
 	want := mockprovider.Reply("what does DTC P0300 mean?")
-	if _, cached, text := chat(); cached != "none" || text != want {
+	missID, cached, text := chat()
+	if cached != "none" || text != want {
 		t.Fatalf("first call: cache %q, %q", cached, text)
+	}
+	recordKey := func(id string) string { return s.cfg.Redis.Keyspace().Jobs() + "job:" + id }
+	if ttl := api.base.Redis.TTL(t.Context(), recordKey(missID)).Val(); ttl <= 0 || ttl > job.EndedEventsTTL {
+		t.Fatalf("the answered miss's record is kept %s, want at most %s", ttl, job.EndedEventsTTL)
 	}
 	waitCacheRows(t, api, 1) // stored once the caller has the answer
 	id, cached, text := chat()
@@ -270,5 +277,15 @@ func TestCompatHitKeepsNoLiveRecord(t *testing.T) {
 	}
 	if again, _, _ := chat("Idempotency-Key", "hit-key"); again != keyed {
 		t.Fatalf("the same key answered request %s, then %s", keyed, again)
+	}
+	// A keyed miss keeps its record the result TTL, for its key.
+	code, out, h := call(t, "POST", api.ts.URL+"/v1/chat/completions", devToken,
+		map[string]any{"model": "gpt-4o", "messages": []map[string]any{{"role": "user", "content": "a keyed miss"}}},
+		"Idempotency-Key", "miss-key")
+	if code != http.StatusOK || h.Get("X-Bulwark-Cache") != "none" {
+		t.Fatalf("keyed miss: %d %v", code, out)
+	}
+	if ttl := api.base.Redis.TTL(t.Context(), recordKey(h.Get("X-Bulwark-Request-Id"))).Val(); ttl <= job.EndedEventsTTL {
+		t.Fatalf("the keyed miss's record is kept %s, want the result TTL (%s)", ttl, s.cfg.Server.ResultTTL)
 	}
 }
