@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -58,10 +59,10 @@ type Records interface {
 // Redis acknowledged and lost in a failover, or everything after a restart
 // without persistence. Its row becomes failed with job.LostReason, so
 // reports stop counting it as queued (GET and event streams already say
-// lost). Each row is looked at once, ReconcileAfter after its creation;
-// a request still running then ends as usual. A cursor in Redis says how
-// far it got; when Redis lost the cursor too, it starts again from the
-// oldest rows it may judge.
+// lost). Each row is looked at ReconcileAfter after its creation; one
+// whose request still runs then is watched and judged again at every run
+// until its record goes. A cursor in Redis says how far it got; when Redis
+// lost the cursor too, it starts again from the oldest rows it may judge.
 func (j *Jobs) reconcile(ctx context.Context, _ *asynq.Task) error {
 	d := j.d
 	if d.Unended == nil || d.Records == nil {
@@ -78,8 +79,11 @@ func (j *Jobs) reconcile(ctx context.Context, _ *asynq.Task) error {
 		return nil
 	}
 	now := time.Now()
-	to := now.Add(-d.ReconcileAfter)
-	from, err := j.reconcileCursor(ctx, now.Add(-d.RecordTTL+reconcileMargin))
+	to, floor := now.Add(-d.ReconcileAfter), now.Add(-d.RecordTTL+reconcileMargin)
+	if err := j.rejudge(ctx, floor); err != nil {
+		return err
+	}
+	from, err := j.reconcileCursor(ctx, floor)
 	if err != nil {
 		return err
 	}
@@ -124,20 +128,12 @@ func (j *Jobs) reconcileStep(ctx context.Context, from, to time.Time) (time.Time
 	for i, r := range rows {
 		ids[i] = r.ID
 	}
-	missing, err := d.Records.Missing(ctx, ids)
+	missing, err := j.judge(ctx, ids)
 	if err != nil {
-		return from, fmt.Errorf("maintenance: reconcile: %w", err)
+		return from, err
 	}
-	n, err := d.Unended.MarkLost(ctx, missing)
-	if err != nil {
-		return from, fmt.Errorf("maintenance: reconcile: %w", err)
-	}
-	if n > 0 {
-		if d.OnLost != nil {
-			d.OnLost(n)
-		}
-		d.Logger.Warn("maintenance: requests lost by Redis ended in history as failed (lost)",
-			"count", n, "request_ids", head(missing, 20), "created_from", from, "created_to", to)
+	if err := j.watch(ctx, rows, missing); err != nil {
+		return from, err
 	}
 	if len(rows) < reconcileBatch {
 		return to, nil
@@ -148,13 +144,85 @@ func (j *Jobs) reconcileStep(ctx context.Context, from, to time.Time) (time.Time
 	// in one microsecond (PostgreSQL's resolution) could hold it still:
 	// then it steps over that microsecond.
 	last := rows[len(rows)-1].CreatedAt
-	if !last.After(from) && n == 0 {
+	if !last.After(from) && len(missing) == 0 {
 		last = from.Add(time.Microsecond)
 	}
 	return last, nil
 }
 
+// judge ends in history those of ids whose live record is gone, and
+// returns them.
+func (j *Jobs) judge(ctx context.Context, ids []string) ([]string, error) {
+	d := j.d
+	missing, err := d.Records.Missing(ctx, ids)
+	if err != nil {
+		return nil, fmt.Errorf("maintenance: reconcile: %w", err)
+	}
+	n, err := d.Unended.MarkLost(ctx, missing)
+	if err != nil {
+		return nil, fmt.Errorf("maintenance: reconcile: %w", err)
+	}
+	if n > 0 {
+		if d.OnLost != nil {
+			d.OnLost(n)
+		}
+		d.Logger.Warn("maintenance: requests lost by Redis ended in history as failed (lost)",
+			"count", n, "request_ids", head(missing, 20))
+	}
+	return missing, nil
+}
+
+// watch remembers the rows still running when judged (their record
+// lives), so that later runs judge them again until their record goes:
+// lost in its turn, or expired after an ending history already has (then
+// MarkLost changes nothing). A few at most: requests rarely run
+// ReconcileAfter after their creation.
+func (j *Jobs) watch(ctx context.Context, rows []history.Unended, missing []string) error {
+	var zs []redis.Z
+	for _, r := range rows {
+		if !slices.Contains(missing, r.ID) {
+			zs = append(zs, redis.Z{Score: float64(r.CreatedAt.UnixMilli()), Member: r.ID})
+		}
+	}
+	if len(zs) == 0 {
+		return nil
+	}
+	if err := j.d.Redis.ZAdd(ctx, watchKey(j.d.Prefix), zs...).Err(); err != nil {
+		return fmt.Errorf("maintenance: reconcile: watch %d running requests: %w", len(zs), err)
+	}
+	return nil
+}
+
+// rejudge judges the watched requests again and forgets those whose
+// record has gone, and those too old to judge (floor: their record may
+// have expired rather than been lost).
+func (j *Jobs) rejudge(ctx context.Context, floor time.Time) error {
+	key := watchKey(j.d.Prefix)
+	if err := j.d.Redis.ZRemRangeByScore(ctx, key, "-inf", strconv.FormatInt(floor.UnixMilli(), 10)).Err(); err != nil {
+		return fmt.Errorf("maintenance: reconcile: watched requests: %w", err)
+	}
+	ids, err := j.d.Redis.ZRange(ctx, key, 0, reconcileBatch-1).Result()
+	if err != nil || len(ids) == 0 {
+		return err
+	}
+	gone, err := j.judge(ctx, ids)
+	if err != nil || len(gone) == 0 {
+		return err
+	}
+	return j.d.Redis.ZRem(ctx, key, anys(gone)...).Err()
+}
+
+func anys(ids []string) []any {
+	out := make([]any, len(ids))
+	for i, id := range ids {
+		out[i] = id
+	}
+	return out
+}
+
 func reconcileKey(prefix string) string { return prefix + "history:reconciled" }
+
+func watchKey(prefix string) string { return prefix + "history:reconcile:watch" }
 
 func earlier(a, b time.Time) time.Time {
 	if a.Before(b) {

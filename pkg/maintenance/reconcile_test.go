@@ -3,6 +3,7 @@ package maintenance
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -95,7 +96,14 @@ func TestReconcileEndsLostRequests(t *testing.T) {
 	f.accept(t, "ended", 20*time.Minute, job.StatusCompleted, false)
 	f.accept(t, "young", time.Minute, job.StatusQueued, false)
 	f.accept(t, "expired", reconcileTTL, job.StatusQueued, false)
+	// A watched request too old to judge (its record may have expired) is
+	// forgotten, not judged.
+	old := float64(time.Now().Add(-reconcileTTL).UnixMilli())
+	f.rdb.ZAdd(t.Context(), "t:history:reconcile:watch", redis.Z{Score: old, Member: "expired"})
 	f.run(t)
+	if err := f.rdb.ZScore(t.Context(), "t:history:reconcile:watch", "expired").Err(); !errors.Is(err, redis.Nil) {
+		t.Fatalf("a request too old to judge is still watched (%v)", err)
+	}
 
 	if st, msg := f.status(t, "lost"); st != job.StatusFailed || msg != job.LostReason {
 		t.Fatalf("lost request's row: %s %q, want failed with job.LostReason", st, msg)
@@ -119,6 +127,23 @@ func TestReconcileEndsLostRequests(t *testing.T) {
 	}
 	if n := f.lost.Load(); n != 2 {
 		t.Fatalf("counted %d lost after the second run, want 2", n)
+	}
+
+	// The request still running when judged is watched: lost later (its
+	// record gone with a failover), it is judged again and ended, once.
+	if err := f.rdb.Del(t.Context(), "t:{job}:job:running").Err(); err != nil {
+		t.Fatal(err)
+	}
+	f.run(t)
+	if st, msg := f.status(t, "running"); st != job.StatusFailed || msg != job.LostReason {
+		t.Fatalf("running request lost later: %s %q, want failed/lost", st, msg)
+	}
+	f.run(t)
+	if n := f.lost.Load(); n != 3 {
+		t.Fatalf("counted %d lost after the watched request's loss, want 3", n)
+	}
+	if n := f.rdb.ZCard(t.Context(), "t:history:reconcile:watch").Val(); n != 0 {
+		t.Fatalf("%d requests still watched, want none", n)
 	}
 
 	// An ending that arrives after all (replayed from the outbox) replaces
