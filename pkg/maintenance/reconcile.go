@@ -202,14 +202,20 @@ func (j *Jobs) rejudge(ctx context.Context, floor time.Time) error {
 		return fmt.Errorf("maintenance: reconcile: watched requests: %w", err)
 	}
 	ids, err := j.d.Redis.ZRange(ctx, key, 0, reconcileBatch-1).Result()
-	if err != nil || len(ids) == 0 {
-		return err
+	if err != nil {
+		return fmt.Errorf("maintenance: reconcile: watched requests: %w", err)
+	}
+	if len(ids) == 0 {
+		return nil
 	}
 	gone, err := j.judge(ctx, ids)
 	if err != nil || len(gone) == 0 {
 		return err
 	}
-	return j.d.Redis.ZRem(ctx, key, anys(gone)...).Err()
+	if err := j.d.Redis.ZRem(ctx, key, anys(gone)...).Err(); err != nil {
+		return fmt.Errorf("maintenance: reconcile: forget %d watched requests: %w", len(gone), err)
+	}
+	return nil
 }
 
 func anys(ids []string) []any {
