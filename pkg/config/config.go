@@ -100,9 +100,10 @@ type Server struct {
 	// ResultTTL is how long a finished request's live record (and its
 	// idempotency key) is kept in Redis; GET reads the history row in
 	// PostgreSQL after it. A compat call without an Idempotency-Key has
-	// its answer in its response: its record goes 5 min after the end. Its event stream goes after job.EndedEventsTTL
-	// (5 min). Redis holds about 1.7 KB per ended request for this long,
-	// so it sizes Redis's memory (README, scale model). Default 1h.
+	// its answer in its response: its record goes with its event stream,
+	// job.EndedEventsTTL (5 min) after the end. Redis holds about 1.5 KB
+	// per ended request for this long, so it sizes Redis's memory
+	// (README, scale model). Default 1h.
 	ResultTTL time.Duration `yaml:"result_ttl"`
 	// ShutdownTimeout bounds the graceful HTTP shutdown. Default 10s.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`

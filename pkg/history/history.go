@@ -195,6 +195,10 @@ func (s *Store) Prune(ctx context.Context, before time.Time) (int64, error) {
 	}
 }
 
+// openRow is the condition on a row with no ending recorded (a status that
+// is not job.Status.Terminal).
+const openRow = `status NOT IN ('completed', 'failed', 'cancelled')`
+
 // Unended is a row with no ending recorded.
 type Unended struct {
 	ID        string
@@ -207,7 +211,7 @@ type Unended struct {
 func (s *Store) Unended(ctx context.Context, from, to time.Time, limit int) ([]Unended, error) {
 	rows, err := s.pool.Query(ctx, `
 		SELECT id, created_at FROM requests
-		WHERE created_at >= $1 AND created_at < $2 AND status NOT IN ('completed', 'failed', 'cancelled')
+		WHERE created_at >= $1 AND created_at < $2 AND `+openRow+`
 		ORDER BY created_at LIMIT $3`, from, to, limit)
 	if err != nil {
 		return nil, fmt.Errorf("history: unended rows: %w", err)
@@ -232,7 +236,7 @@ func (s *Store) MarkLost(ctx context.Context, ids []string) (int64, error) {
 	}
 	tag, err := s.pool.Exec(ctx, `
 		UPDATE requests SET status = 'failed', error = $2, finished_at = now()
-		WHERE id = ANY($1) AND status NOT IN ('completed', 'failed', 'cancelled')`, ids, job.LostReason)
+		WHERE id = ANY($1) AND `+openRow, ids, job.LostReason)
 	if err != nil {
 		return 0, fmt.Errorf("history: mark %d requests lost: %w", len(ids), err)
 	}
