@@ -24,9 +24,10 @@
 //
 // A request waits for capacity in three ways, by how long the wait is:
 //
-//   - up to PaceWait (default 1 s): it holds its global slot and a key
-//     reservation (keypool.Within) and calls at the moment the key's
-//     bucket has room: first come, first served, at exactly the keys' pace;
+//   - up to PaceWait (default 1 s): it holds its global slot and waits in
+//     the route's key line (keypool.InLine), most urgent first, then
+//     oldest first, and calls at the moment a key's bucket has room for
+//     it, at exactly the keys' pace;
 //   - up to HoldWait (default 10 s): it gives its slot back and waits in
 //     the worker, then queues for a slot again, still ordered by its
 //     creation time (pkg/slots);
@@ -65,6 +66,7 @@ type KeyPool interface {
 	Failure(ctx context.Context, l *keypool.Lease, a keypool.Action, callErr error) error
 	Release(ctx context.Context, l *keypool.Lease) error
 	Return(ctx context.Context, l *keypool.Lease) error
+	Leave(ctx context.Context, route llm.Route, id string) error
 }
 
 // Breakers is the part of breaker.Set the dispatcher uses.
@@ -132,7 +134,7 @@ type Config struct {
 	// finished. 0 for a priority means no cap.
 	MaxActive map[priority.Priority]int
 	// PaceWait is the longest a request holds its global slot waiting for
-	// a key reservation to come due (keypool.Within). Default 1s.
+	// its turn in a route's key line (keypool.InLine). Default 1s.
 	PaceWait time.Duration
 	// HoldWait is the longest a request waits for capacity inside the
 	// worker (without a slot) before going back to asynq with a delay.
@@ -386,7 +388,7 @@ func (d *Dispatcher) attempt(ctx context.Context, rec *job.Record, log *slog.Log
 			log.Warn("dispatch: record start", "err", err)
 		}
 	}
-	return d.callRoutes(ctx, rec, log), false, nil
+	return d.callRoutes(ctx, rec, slot.Priority, log), false, nil
 }
 
 // keep renews slot's lease every SlotRenew until the returned stop is

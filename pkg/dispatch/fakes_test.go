@@ -241,6 +241,8 @@ func (p *fakePool) Return(_ context.Context, l *keypool.Lease) error {
 	return nil
 }
 
+func (p *fakePool) Leave(context.Context, llm.Route, string) error { return nil }
+
 func (p *fakePool) settled() []string {
 	p.mu.Lock()
 	defer p.mu.Unlock()

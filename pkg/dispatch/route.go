@@ -12,6 +12,7 @@ import (
 	"bulwark/pkg/job"
 	"bulwark/pkg/keypool"
 	"bulwark/pkg/llm"
+	"bulwark/pkg/priority"
 	"bulwark/pkg/provider"
 )
 
@@ -129,7 +130,7 @@ const allRecheck = 5 * time.Second
 // guards the whole attempt and counts a failure only when every route with
 // keys refused (see outcome.refused): a storm our own pacing holds back,
 // keys cooling after a few 429s, or a provider's 5xx never open it.
-func (d *Dispatcher) callRoutes(ctx context.Context, rec *job.Record, log *slog.Logger) outcome {
+func (d *Dispatcher) callRoutes(ctx context.Context, rec *job.Record, p priority.Priority, log *slog.Logger) outcome {
 	var out outcome
 	all, err := d.breakers.Allow(ctx, breaker.AllName)
 	if err != nil {
@@ -160,7 +161,7 @@ func (d *Dispatcher) callRoutes(ctx context.Context, rec *job.Record, log *slog.
 		waitSet = true
 	}
 	for i, r := range routes {
-		res, rr := d.callRoute(ctx, rec, r, req, log)
+		res, rr := d.callRoute(ctx, rec, r, req, p, log)
 		if rr != routeNoKeys {
 			tried++
 		}
@@ -211,10 +212,11 @@ func (d *Dispatcher) callRoutes(ctx context.Context, rec *job.Record, log *slog.
 	return out
 }
 
-// callRoute makes up to MaxKeyTries calls on one route. A key whose
-// buckets refill within PaceWait is reserved and waited for (first come,
-// first served at the keys' pace); a longer wait returns routeExhausted.
-func (d *Dispatcher) callRoute(ctx context.Context, rec *job.Record, r llm.Route, req llm.Request, log *slog.Logger) (outcome, routeResult) {
+// callRoute makes up to MaxKeyTries calls on one route. The request waits
+// for a key in the route's line as priority p (most urgent first, then
+// oldest first); a turn further than PaceWait away returns routeExhausted.
+func (d *Dispatcher) callRoute(ctx context.Context, rec *job.Record, r llm.Route, req llm.Request, p priority.Priority,
+	log *slog.Logger) (outcome, routeResult) {
 	client := d.cfg.Clients[r.Provider]
 	req.Model = d.cfg.ModelName(r)
 	est := llm.EstimateTokens(&req)
@@ -233,7 +235,7 @@ func (d *Dispatcher) callRoute(ctx context.Context, rec *job.Record, r llm.Route
 			}
 			return outcome{transient: err}, routeTransient
 		}
-		lease, out, rr := d.acquire(ctx, r, est)
+		lease, out, rr := d.acquire(ctx, r, est, keypool.Waiter{ID: rec.Job.ID, Priority: p, Since: rec.Job.CreatedAt})
 		if lease == nil {
 			_ = permit.Done(context.WithoutCancel(ctx), breaker.Ignore)
 			return out, rr
@@ -290,35 +292,59 @@ func (d *Dispatcher) callKey(ctx context.Context, client llm.Client, lease *keyp
 	return client.Complete(ctx, lease.Cred, req)
 }
 
-// acquire reserves a key of r. Without a lease it returns the route's
-// outcome instead.
+// acquire reserves a key of r for waiter w. Without a lease it returns
+// the route's outcome instead.
 //
-// When the keys' reservations already reach past PaceWait, it waits (with
-// its slot) until they come within it, at most PaceWait more, and asks
-// again: giving the slot back instead would let a younger request that
-// takes it reserve first, and the oldest requests would keep losing their
-// turn. The slot holders bound the reservations ahead, so this wait is
-// short.
-func (d *Dispatcher) acquire(ctx context.Context, r llm.Route, est int) (*keypool.Lease, outcome, routeResult) {
+// The request waits in the route's line (keypool.InLine), holding its
+// slot, while its turn is at most PaceWait away: the keys' requests go to
+// the waiters most urgent first, then oldest first, whoever asks first, so
+// a CRITICAL request never waits behind LOW ones and a request is not
+// overtaken by younger ones of its priority. A turn further away leaves
+// the line: the route counts as exhausted (fallback, or the slot is given
+// back while the request waits).
+func (d *Dispatcher) acquire(ctx context.Context, r llm.Route, est int, w keypool.Waiter) (*keypool.Lease, outcome, routeResult) {
 	var ee *keypool.ExhaustedError
 	for {
-		lease, err := d.pool.Acquire(ctx, r, est, keypool.Within(d.cfg.PaceWait))
+		lease, err := d.pool.Acquire(ctx, r, est, keypool.Within(reserveAhead), keypool.InLine(w))
 		if err == nil {
 			return lease, outcome{}, routeOK
 		}
 		soft := errors.As(err, &ee) && (ee.Reason == keypool.ReasonRequests || ee.Reason == keypool.ReasonTokens)
 		if !soft || ee.RetryAfter > d.cfg.PaceWait {
+			d.leaveLine(ctx, r, w.ID)
 			return d.notAcquired(err)
 		}
-		if !sleep(ctx, max(ee.RetryAfter, minPaceRecheck)) {
+		if !sleep(ctx, min(max(ee.RetryAfter, minPaceRecheck), lineRecheckMax)) {
+			d.leaveLine(ctx, r, w.ID)
 			return nil, outcome{}, routeCancelled
 		}
 	}
 }
 
-// minPaceRecheck bounds how often a request waiting for the reservation
-// horizon asks the pool again.
-const minPaceRecheck = 5 * time.Millisecond
+// leaveLine takes a waiter that stops asking out of r's line, so that its
+// place does not hold back the waiters behind it until it lapses.
+func (d *Dispatcher) leaveLine(ctx context.Context, r llm.Route, id string) {
+	if err := d.pool.Leave(context.WithoutCancel(ctx), r, id); err != nil && !errors.Is(err, keypool.ErrUnknownRoute) {
+		d.logger.Warn("dispatch: leave the key line", "request_id", id, "route", r.String(), "err", err)
+	}
+}
+
+// reserveAhead is how far ahead of a key's next free moment a waiter may
+// reserve it (keypool.Within): the head of the line reserves the moment
+// just before it comes and calls exactly on it. It also bounds how much of
+// the keys' time is already promised when a more urgent request arrives:
+// at most this long, plus one refill, stands between a CRITICAL request
+// and its key.
+const reserveAhead = 50 * time.Millisecond
+
+// minPaceRecheck and lineRecheckMax bound the sleep of a waiter between
+// two asks: the pool's estimate of its turn, within these bounds. The
+// upper one keeps its place alive (keypool.Config.LineTTL, 1 s) and
+// notices a turn that came sooner than estimated (calls ending early).
+const (
+	minPaceRecheck = 5 * time.Millisecond
+	lineRecheckMax = 200 * time.Millisecond
+)
 
 // notAcquired turns a failed Acquire into the route's outcome.
 func (d *Dispatcher) notAcquired(err error) (*keypool.Lease, outcome, routeResult) {

@@ -12,6 +12,7 @@ import (
 	"bulwark/pkg/job"
 	"bulwark/pkg/keypool"
 	"bulwark/pkg/llm"
+	"bulwark/pkg/priority"
 )
 
 // TestConsequences pins what each failure class does. A change here is a
@@ -84,7 +85,7 @@ func TestHalfOpenRouteIsRecheckedSoon(t *testing.T) {
 	t.Parallel()
 	d := New(Config{ModelName: func(llm.Route) string { return "m" }}, Deps{Breakers: halfOpen{}})
 	rec := &job.Record{Job: job.Job{ID: "r", Route: llm.Route{Provider: llm.ProviderClaude, Tier: "sonnet"}}}
-	out, rr := d.callRoute(context.Background(), rec, rec.Job.Route, rec.Job.Request, slog.New(slog.DiscardHandler))
+	out, rr := d.callRoute(context.Background(), rec, rec.Job.Route, rec.Job.Request, priority.Normal, slog.New(slog.DiscardHandler))
 	if rr != routeExhausted || !out.refused || out.retryAfter > halfOpenRecheck {
 		t.Fatalf("half-open route: result %d, outcome %+v; want exhausted, refused, retry within %s", rr, out, halfOpenRecheck)
 	}

@@ -5,9 +5,11 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"strconv"
 	"time"
 
 	"bulwark/pkg/llm"
+	"bulwark/pkg/priority"
 )
 
 // AcquireOption is a per-call knob of Acquire.
@@ -15,6 +17,34 @@ type AcquireOption func(*acquireOpts)
 
 type acquireOpts struct {
 	ahead time.Duration
+	line  *Waiter
+}
+
+// Waiter is who waits in a route's line (see doc.go, "The line").
+type Waiter struct {
+	// ID is the request id; asks with the same ID share one place.
+	ID string
+	// Priority comes first: a more urgent waiter goes before every less
+	// urgent one.
+	Priority priority.Priority
+	// Since is the request's acceptance time: within a priority the older
+	// waiter goes first (ties: the smaller ID). Must not be zero.
+	Since time.Time
+}
+
+// place is the waiter's score in the line: priority, then acceptance time
+// in ms. 4·10^13 + 2·10^12 stays well within a double's exact integers.
+func (w Waiter) place() string {
+	return strconv.FormatInt(int64(w.Priority)*1e13+w.Since.UnixMilli(), 10)
+}
+
+// InLine makes Acquire wait in route's line as w: the grant goes to the
+// waiters most urgent first, then oldest first, whoever asks first. A
+// refused waiter keeps its place for Config.LineTTL; ask again within it
+// (the ExhaustedError's RetryAfter says when its turn is likely), or Leave.
+// A granted waiter leaves the line.
+func InLine(w Waiter) AcquireOption {
+	return func(o *acquireOpts) { o.line = &w }
 }
 
 // Within lets Acquire reserve a key whose buckets refill within d: the
@@ -54,6 +84,13 @@ func (p *Pool) Acquire(ctx context.Context, route llm.Route, estTokens int, opts
 		return nil, fmt.Errorf("keypool: acquire %s: %w", route, err)
 	}
 	ttl := p.cfg.LeaseTTL.Microseconds()
+	who, place := "", "0"
+	if w := o.line; w != nil {
+		if w.ID == "" || w.Since.IsZero() || !w.Priority.Valid() {
+			return nil, fmt.Errorf("keypool: acquire %s: invalid waiter %q (priority %d, since %s)", route, w.ID, w.Priority, w.Since)
+		}
+		who, place = w.ID, w.place()
+	}
 	for attempt := 0; ; attempt++ {
 		rctx, cancel := context.WithTimeout(ctx, p.cfg.OpTimeout)
 		// The rotation breaks ties in headroom differently on each call,
@@ -61,7 +98,7 @@ func (p *Pool) Acquire(ctx context.Context, route llm.Route, estTokens int, opts
 		// in the file taking it all.
 		rot := p.rotate(len(idx))
 		res, err := p.sc.acquire.Run(rctx, p.rdb, p.routeKeys[route], estTokens, ttl, leaseID, o.ahead.Microseconds(),
-			p.routePrefs[route], rot).Slice()
+			p.routePrefs[route], rot, who, place, p.cfg.LineTTL.Microseconds()).Slice()
 		cancel()
 		if err != nil {
 			return nil, fmt.Errorf("keypool: acquire %s: %w", route, err)
@@ -162,4 +199,37 @@ func firstErr(errs ...error) error {
 		}
 	}
 	return nil
+}
+
+// Leave takes waiter id out of route's line, for a waiter that stops
+// asking (it goes to another route, or waits elsewhere): until then its
+// place would hold back the waiters behind it for up to Config.LineTTL.
+// Leaving when not in line is a no-op.
+func (p *Pool) Leave(ctx context.Context, route llm.Route, id string) error {
+	if _, ok := p.routes[route]; !ok {
+		return fmt.Errorf("keypool: leave %s: %w", route, ErrUnknownRoute)
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.OpTimeout)
+	defer cancel()
+	keys := []string{lineKey(p.cfg.Prefix, route), lineExpiryKey(p.cfg.Prefix, route)}
+	if err := p.sc.leave.Run(ctx, p.rdb, keys, id).Err(); err != nil {
+		return fmt.Errorf("keypool: leave %s: %w", route, err)
+	}
+	return nil
+}
+
+// Line returns the live waiters of route's line, first first (admin,
+// tests). It writes nothing.
+func (p *Pool) Line(ctx context.Context, route llm.Route) ([]string, error) {
+	if _, ok := p.routes[route]; !ok {
+		return nil, fmt.Errorf("keypool: line of %s: %w", route, ErrUnknownRoute)
+	}
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.OpTimeout)
+	defer cancel()
+	keys := []string{lineKey(p.cfg.Prefix, route), lineExpiryKey(p.cfg.Prefix, route)}
+	ids, err := p.sc.line.Run(ctx, p.rdb, keys).StringSlice()
+	if err != nil {
+		return nil, fmt.Errorf("keypool: line of %s: %w", route, err)
+	}
+	return ids, nil
 }

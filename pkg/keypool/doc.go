@@ -85,6 +85,29 @@
 // or one at MaxInFlight is never reserved ahead: its end is not a refill
 // the pool can promise.
 //
+// # The line
+//
+// Reservations alone serve whoever asks first. Under load that is not the
+// order a fleet operator wants: a CRITICAL request that got its global
+// slot would wait for a key behind every LOW request that asked before it,
+// and a request polling at the wrong moment would be overtaken by younger
+// ones. So an ask may carry a Waiter (InLine): its request id, priority
+// and acceptance time. The route's line is a sorted set scored by place =
+// priority·10^13 + acceptance time (ms): most urgent first, then oldest.
+// Each ask registers (or refreshes) its waiter, then counts the grants the
+// route's keys can make within the reservation horizon (for each key not
+// cooling and under its in-flight cap: floor(requests level + horizon ·
+// rate), fewer when its tokens run out first). The waiter is granted only
+// when its rank in the line is within that count, and then leaves the
+// line; so a waiter that asks early cannot take the turn of one ahead of
+// it, and the grant order is the line's order up to the horizon. A refused
+// waiter is told when its turn is likely: the first moment beyond the
+// horizon, plus one refill of the route (the keys' summed rate) per
+// waiter between it and that moment, or sooner when a cooling key frees.
+// A registration lapses Config.LineTTL after its last ask, so a dead
+// worker's waiter holds the others back for at most that long; a waiter
+// that stops asking calls Leave. Asks without a Waiter ignore the line.
+//
 // # Headroom rule
 //
 // Acquire considers the route's keys that are enabled, not cooling and
@@ -175,6 +198,9 @@
 //	                 cu, cs   cooling until, last escalation (µs)
 //	                 off, off_at  disable reason and time
 //	P leases:<id>  sorted set: lease id → expiry (µs); expires itself when idle
+//	P line:<route>     sorted set: waiter id → place (priority, acceptance ms)
+//	P line-exp:<route> sorted set: waiter id → registration expiry (µs);
+//	                   both expire a second after the last ask
 //
 // The credential is never written: it stays in the Pool's memory and is
 // looked up by key id. A key's state outlives restarts of the workers

@@ -37,6 +37,9 @@ const (
 	// provider's arrival clock, so a paced call never finds the provider's
 	// one-second bucket a hair short.
 	PaceDefault = 0.98
+	// LineTTLDefault is how long a waiter keeps its place in a route's
+	// line between two asks.
+	LineTTLDefault = time.Second
 )
 
 // Sentinel errors callers branch on.
@@ -152,6 +155,11 @@ type Config struct {
 	// Pace is the share of each limit the pool spends, in (0, 1]; default
 	// PaceDefault (0.98).
 	Pace float64
+	// LineTTL is how long a waiter refused by InLine keeps its place
+	// without asking again; default LineTTLDefault (1s). A waiter that
+	// stops asking without Leave (its worker died) holds the waiters
+	// behind it back for at most this long.
+	LineTTL time.Duration
 }
 
 // WithDefaults returns c with its zero fields set to their defaults.
@@ -176,6 +184,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.Pace == 0 {
 		c.Pace = PaceDefault
+	}
+	if c.LineTTL == 0 {
+		c.LineTTL = LineTTLDefault
 	}
 	c.Keys = append([]Key(nil), c.Keys...)
 	for i := range c.Keys {
@@ -205,6 +216,9 @@ func (c Config) Validate() error {
 	}
 	if c.Window < time.Millisecond || c.Window > time.Minute {
 		return fmt.Errorf("keypool: Config.Window must be in [1ms, 1m], got %s", c.Window)
+	}
+	if c.LineTTL < time.Millisecond {
+		return fmt.Errorf("keypool: Config.LineTTL must be >= 1ms, got %s", c.LineTTL)
 	}
 	if c.Pace <= 0 || c.Pace > 1 {
 		return fmt.Errorf("keypool: Config.Pace must be in (0, 1], got %g", c.Pace)
@@ -245,7 +259,8 @@ type Pool struct {
 
 	byID map[string]int // key id → index in cfg.Keys
 	// routes maps a route to its keys' indexes and to the KEYS list of the
-	// acquire script (state hash, lease set per key), both in config order.
+	// acquire script (state hash, lease set per key, both in config order,
+	// then the route's line and its expiries).
 	routes    map[llm.Route][]int
 	routeKeys map[llm.Route][]string
 	// routePrefs marks each key of a route preferred ('1') or not ('0'),
@@ -292,6 +307,10 @@ func New(ctx context.Context, rdb redis.Scripter, cfg Config, logger *slog.Logge
 		}
 		p.routePrefs[r] += pref
 		p.allKeys = append(p.allKeys, sk, lk)
+	}
+	// The acquire script's last two KEYS are the route's line.
+	for r := range p.routeKeys {
+		p.routeKeys[r] = append(p.routeKeys[r], lineKey(cfg.Prefix, r), lineExpiryKey(cfg.Prefix, r))
 	}
 	if err := p.register(ctx); err != nil {
 		return nil, err

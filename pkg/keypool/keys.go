@@ -1,5 +1,7 @@
 package keypool
 
+import "bulwark/pkg/llm"
+
 // Redis key builders: every key name the pool uses comes from here, so a
 // prefix isolates one pool (or one test) from every other.
 
@@ -15,3 +17,11 @@ func stateKey(prefix, keyID string) string { return prefix + "key:" + keyID }
 // leasesKey is the sorted set of one provider key's in-flight lease ids,
 // scored by lease expiry (Redis time in µs).
 func leasesKey(prefix, keyID string) string { return prefix + "leases:" + keyID }
+
+// lineKey is the sorted set of a route's waiters (see doc.go, "The line"),
+// scored by their place: priority, then acceptance time.
+func lineKey(prefix string, r llm.Route) string { return prefix + "line:" + r.String() }
+
+// lineExpiryKey scores the same waiters by when their registration lapses
+// (Redis time in µs).
+func lineExpiryKey(prefix string, r llm.Route) string { return prefix + "line-exp:" + r.String() }

@@ -72,6 +72,29 @@ local function wait(s, est)
   end
   return w, why
 end
+-- within returns how many requests of est tokens s can grant within ahead
+-- µs (w, why: wait(s, est)), and the wait of the first grant beyond those
+-- with the bucket that holds it back. Used by the line: a key of room r
+-- requests by the horizon grants floor(r) of them, fewer when its tokens
+-- or its in-flight cap run out first.
+local function within(s, est, ahead, w, why, inflight)
+  if w > ahead then return 0, w, why end
+  local k = math.floor(s.rl + ahead * s.er / 60000000 + 1e-9)
+  local need = est
+  if need > s.capT then need = s.capT end
+  if est > 0 then
+    local kt = 1 + math.floor((s.tl + ahead * s.et / 60000000 - need) / est + 1e-9)
+    if kt < k then k = kt end
+  end
+  if s.mif > 0 and s.mif - inflight < k then k = s.mif - inflight end
+  if k < 1 then k = 1 end
+  local after, awhy = (k + 1 - s.rl) * 60000000 / s.er, 'requests'
+  if est > 0 then
+    local x = (need + k * est - s.tl) * 60000000 / s.et
+    if x > after then after, awhy = x, 'tokens' end
+  end
+  return k, after, awhy
+end
 `
 
 // registerLua writes the limits of the configured keys, creating the bucket
@@ -115,31 +138,50 @@ return changed
 // caller picks at random, so equal keys share the load. Cooling keys and
 // keys at their in-flight cap are never reserved.
 //
+// With a waiter (ARGV[7]) the route's line decides who may reserve: the
+// waiter is registered (or refreshed) in the line at its place (ARGV[8]:
+// priority, then acceptance time) and is granted only when its rank is
+// within the grants the keys can make within ahead (see doc.go, "The
+// line"); the granted waiter leaves the line.
+//
 // KEYS[2i-1], KEYS[2i]  state hash and lease set of candidate key i
+// KEYS[#KEYS-1]         the route's line: waiter → place
+// KEYS[#KEYS]           the line's expiries: waiter → expiry (µs)
 // ARGV[1]  estimated tokens to reserve (>= 0)
 // ARGV[2]  lease TTL in µs
 // ARGV[3]  lease id
 // ARGV[4]  how far ahead a reservation may be made, µs (0: only now)
 // ARGV[5]  per candidate key, '1' if preferred else '0'
 // ARGV[6]  rotation: ties in headroom go to the first key from index 1+ARGV[6]
+// ARGV[7]  waiter id; empty: no line (the ask goes before every waiter)
+// ARGV[8]  the waiter's place (smaller goes first)
+// ARGV[9]  how long the registration lives without another ask, µs
 // Reply:
 //
 //	{1, i, now, expiry, at}    granted on key i for time at (>= now); the
 //	                           lease expires at expiry (µs)
-//	{0, wait, reason, now}     no room; the earliest key has room in wait µs
-//	                           (-1: every fitting key is disabled); reason is
+//	{0, wait, reason, now}     no room, or not this waiter's turn: ask again
+//	                           in wait µs (-1: every fitting key is
+//	                           disabled); reason is
 //	                           requests|tokens|cooling|in_flight|disabled
 //	{-1, now}                  est exceeds the TPM of every key: never fits
 //	{-2, i}                    key i is not registered (Redis lost its state)
 const acquireLua = luaCommon + `
 local est, ttl, lease, ahead = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local prefs, rot = ARGV[5] or '', tonumber(ARGV[6] or '0')
+local who, place, lttl = ARGV[7] or '', ARGV[8], tonumber(ARGV[9] or '0')
 local now = nowus()
-local n = #KEYS / 2
+local n = (#KEYS - 2) / 2
+local line, lineExp = KEYS[#KEYS - 1], KEYS[#KEYS]
 local best, bestWait, bestHead, bestS, bestPref, bestRank = 0, 0, 0, nil, false, 0
 local minWait, minReason = -1, 'disabled'
 local fits = 0
-for i = 1, #KEYS / 2 do
+-- The line's arithmetic: grants the keys can make within ahead, the
+-- soonest moment after those, and the keys' summed request rate.
+local grants, nextWait, nextReason, rate = 0, -1, '', 0
+-- The soonest end of a cooldown or an in-flight cap, when a key has one.
+local minHard, hardReason = -1, ''
+for i = 1, n do
   local h, z = KEYS[2 * i - 1], KEYS[2 * i]
   local s = load(h, now)
   if not s then return {-2, i} end
@@ -162,6 +204,12 @@ for i = 1, #KEYS / 2 do
           local x = tonumber(first[2]) - now
           if x > hard then hard, hreason = x, 'in_flight' end
         end
+      end
+      if hard == 0 then
+        local k, after, why = within(s, est, ahead, w, reason, inflight)
+        grants = grants + k
+        rate = rate + s.er
+        if nextWait < 0 or after < nextWait then nextWait, nextReason = after, why end
       end
       if hard == 0 and w <= ahead then
         -- Headroom: the smallest fraction of any limit left after this
@@ -195,11 +243,43 @@ for i = 1, #KEYS / 2 do
         local x, why = math.max(w - ahead, 1), reason
         if hard > x then x, why = hard, hreason end
         if minWait < 0 or x < minWait then minWait, minReason = x, why end
+        if hard > 0 and (minHard < 0 or hard < minHard) then minHard, hardReason = hard, hreason end
       end
     end
   end
 end
 if fits == 0 then return {-1, now} end
+if who ~= '' then
+  -- The line: registrations of waiters that stopped asking lapse first.
+  local dead = redis.call('ZRANGEBYSCORE', lineExp, '-inf', now)
+  for _, id in ipairs(dead) do redis.call('ZREM', line, id) end
+  redis.call('ZREMRANGEBYSCORE', lineExp, '-inf', now)
+  redis.call('ZADD', line, place, who)
+  redis.call('ZADD', lineExp, now + lttl, who)
+  local keep = math.ceil(lttl / 1000) + 1000
+  redis.call('PEXPIRE', line, keep)
+  redis.call('PEXPIRE', lineExp, keep)
+  local rank = redis.call('ZRANK', line, who) + 1
+  if rank > grants then
+    -- Not this waiter's turn within the horizon: come back when the
+    -- moments of the waiters ahead have been reserved, about (rank -
+    -- grants - 1) refills after the soonest moment beyond the horizon,
+    -- or when a cooling or full key frees, if sooner.
+    local back, why = minHard, hardReason
+    if rate == 0 and back < 0 then back, why = minWait, minReason end
+    if rate > 0 then
+      local x = math.max(nextWait - ahead, 0) + (rank - grants - 1) * 60000000 / rate
+      if back < 0 or x < back then back, why = x, nextReason end
+    end
+    if back >= 0 then
+      back = math.ceil(back)
+      if back < 1 then back = 1 end
+    end
+    return {0, back, why, now}
+  end
+  redis.call('ZREM', line, who)
+  redis.call('ZREM', lineExp, who)
+end
 if best == 0 then
   if minWait >= 0 then
     minWait = math.ceil(minWait)
@@ -221,6 +301,30 @@ redis.call('ZADD', z, at + ttl, lease)
 local keep = math.ceil((at - now + ttl) / 1000) + 1000
 if redis.call('PTTL', z) < keep then redis.call('PEXPIRE', z, keep) end
 return {1, best, now, at + ttl, at}
+`
+
+// leaveLua removes a waiter from a route's line.
+//
+// KEYS[1]  the route's line, KEYS[2] its expiries
+// ARGV[1]  waiter id
+// Reply: 1 removed, 0 it was not in line.
+const leaveLua = `
+redis.call('ZREM', KEYS[2], ARGV[1])
+return redis.call('ZREM', KEYS[1], ARGV[1])
+`
+
+// lineLua lists a route's live waiters, first first; it writes nothing.
+//
+// KEYS[1]  the route's line, KEYS[2] its expiries
+// Reply: the waiter ids.
+const lineLua = luaCommon + `
+local now = nowus()
+local out = {}
+for _, id in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local exp = redis.call('ZSCORE', KEYS[2], id)
+  if exp and tonumber(exp) > now then out[#out + 1] = id end
+end
+return out
 `
 
 // settleLua ends a lease: it removes the lease, returns or charges tokens
@@ -369,7 +473,7 @@ return out
 // scripts holds the pool's Lua scripts; each Pool owns its own set so the
 // package keeps no mutable globals (redis.Script caches its SHA).
 type scripts struct {
-	register, acquire, settle, toggle, snapshot *redis.Script
+	register, acquire, settle, toggle, snapshot, leave, line *redis.Script
 }
 
 func newScripts() *scripts {
@@ -379,5 +483,7 @@ func newScripts() *scripts {
 		settle:   redis.NewScript(settleLua),
 		toggle:   redis.NewScript(switchLua),
 		snapshot: redis.NewScript(snapshotLua),
+		leave:    redis.NewScript(leaveLua),
+		line:     redis.NewScript(lineLua),
 	}
 }

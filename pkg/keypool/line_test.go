@@ -1,0 +1,168 @@
+package keypool
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"bulwark/pkg/priority"
+)
+
+// lineBundle is a pool of one key of rpm requests per minute in
+// whole-minute buckets, so nothing refills noticeably during a test: each
+// grant the tests see comes from a fill they made.
+func lineBundle(t *testing.T, rpm int) *bundle {
+	t.Helper()
+	return setup(t, Config{Keys: []Key{key("k1", haiku, rpm, 1_000_000)}})
+}
+
+// ask asks for one request as w, reserving nothing ahead, and reports
+// whether it was granted; a refusal must be a soft one (the line or the
+// bucket), never an error.
+func (b *bundle) ask(t *testing.T, w Waiter, ahead time.Duration) (*Lease, *ExhaustedError) {
+	t.Helper()
+	l, err := b.pool.Acquire(context.Background(), haiku, 10, Within(ahead), InLine(w))
+	if err == nil {
+		return l, nil
+	}
+	return nil, exhausted(t, err)
+}
+
+func (b *bundle) drain(t *testing.T) {
+	t.Helper()
+	for {
+		l, err := b.pool.Acquire(context.Background(), haiku, 10)
+		if err != nil {
+			exhausted(t, err)
+			return
+		}
+		require.NoError(t, b.pool.Release(context.Background(), l))
+	}
+}
+
+// TestLineServesMostUrgentThenOldest: whoever asks first, a freed request
+// goes to the most urgent waiter, then to the oldest of a priority. This
+// is what keeps a CRITICAL request from waiting for a key behind a LOW
+// flood, and a LOW request from being overtaken by younger ones.
+func TestLineServesMostUrgentThenOldest(t *testing.T) {
+	b := lineBundle(t, 1)
+	b.drain(t)
+	t0 := time.UnixMilli(1_700_000_000_000)
+	oldLow := Waiter{ID: "low-old", Priority: priority.Low, Since: t0}
+	newLow := Waiter{ID: "low-new", Priority: priority.Low, Since: t0.Add(time.Second)}
+	crit := Waiter{ID: "crit", Priority: priority.Critical, Since: t0.Add(2 * time.Second)}
+	for _, w := range []Waiter{newLow, oldLow, crit} {
+		l, ee := b.ask(t, w, 0)
+		require.Nil(t, l, "%s granted from an empty bucket", w.ID)
+		require.Equal(t, ReasonRequests, ee.Reason)
+	}
+	line, err := b.pool.Line(context.Background(), haiku)
+	require.NoError(t, err)
+	require.Equal(t, []string{"crit", "low-old", "low-new"}, line)
+
+	// One request frees: the LOW waiters ask first and are refused.
+	b.fill(t, "k1")
+	for _, w := range []Waiter{newLow, oldLow} {
+		l, ee := b.ask(t, w, 0)
+		require.Nil(t, l, "%s took the request the CRITICAL waiter is owed", w.ID)
+		require.Equal(t, ReasonRequests, ee.Reason)
+	}
+	l, _ := b.ask(t, crit, 0)
+	require.NotNil(t, l, "the CRITICAL waiter was refused its turn")
+
+	b.fill(t, "k1")
+	l, _ = b.ask(t, newLow, 0)
+	require.Nil(t, l, "the younger LOW waiter overtook the older one")
+	l, _ = b.ask(t, oldLow, 0)
+	require.NotNil(t, l)
+	b.fill(t, "k1")
+	l, _ = b.ask(t, newLow, 0)
+	require.NotNil(t, l)
+	line, err = b.pool.Line(context.Background(), haiku)
+	require.NoError(t, err)
+	require.Empty(t, line, "granted waiters leave the line")
+}
+
+// TestLineGrantsWithinTheHorizon: as many waiters are granted as the key
+// can serve within the reservation horizon, in line order; the one after
+// is told to come back when its turn is near, later the further back it
+// stands.
+func TestLineGrantsWithinTheHorizon(t *testing.T) {
+	b := lineBundle(t, 2)
+	b.drain(t)
+	t0 := time.UnixMilli(1_700_000_000_000)
+	ws := make([]Waiter, 5)
+	for i := range ws {
+		ws[i] = Waiter{ID: string(rune('a' + i)), Priority: priority.Normal, Since: t0.Add(time.Duration(i) * time.Millisecond)}
+		l, _ := b.ask(t, ws[i], 0)
+		require.Nil(t, l, "granted from an empty bucket")
+	}
+	b.fill(t, "k1") // 2 requests now, 2 more per minute
+	// The last ones ask first.
+	for i := len(ws) - 1; i >= 3; i-- {
+		l, ee := b.ask(t, ws[i], 30*time.Second)
+		require.Nil(t, l, "waiter %d of 5 granted: the horizon holds 3 requests", i+1)
+		require.Equal(t, ReasonRequests, ee.Reason)
+	}
+	for i := range 3 {
+		l, _ := b.ask(t, ws[i], 30*time.Second)
+		require.NotNil(t, l, "waiter %d refused within the horizon", i+1)
+	}
+	// The 4th waits one refill (30 s) from the 3rd's moment, less the
+	// horizon; the 5th one refill more.
+	_, e4 := b.ask(t, ws[3], 30*time.Second)
+	_, e5 := b.ask(t, ws[4], 30*time.Second)
+	require.NotNil(t, e4)
+	require.NotNil(t, e5)
+	require.InDelta(t, 30, e4.RetryAfter.Seconds(), 1, "4th waiter's RetryAfter")
+	require.InDelta(t, 30, (e5.RetryAfter - e4.RetryAfter).Seconds(), 1, "one more place is one more refill")
+}
+
+// TestLineLeave: a waiter that leaves, or stops asking for LineTTL, no
+// longer holds back the waiters behind it.
+func TestLineLeave(t *testing.T) {
+	b := setup(t, Config{Keys: []Key{key("k1", haiku, 1, 1_000_000)}, LineTTL: 200 * time.Millisecond})
+	b.drain(t)
+	t0 := time.UnixMilli(1_700_000_000_000)
+	first := Waiter{ID: "first", Priority: priority.High, Since: t0}
+	second := Waiter{ID: "second", Priority: priority.High, Since: t0.Add(time.Second)}
+	third := Waiter{ID: "third", Priority: priority.High, Since: t0.Add(2 * time.Second)}
+	for _, w := range []Waiter{first, second, third} {
+		l, _ := b.ask(t, w, 0)
+		require.Nil(t, l)
+	}
+	b.fill(t, "k1")
+	l, _ := b.ask(t, second, 0)
+	require.Nil(t, l, "second overtook first")
+	require.NoError(t, b.pool.Leave(context.Background(), haiku, first.ID))
+	l, _ = b.ask(t, second, 0)
+	require.NotNil(t, l, "first left the line, yet second was refused")
+
+	// third stops asking: its place lapses after LineTTL.
+	require.Eventually(t, func() bool {
+		line, err := b.pool.Line(context.Background(), haiku)
+		require.NoError(t, err)
+		return len(line) == 0
+	}, 5*time.Second, 20*time.Millisecond)
+	b.fill(t, "k1")
+	late := Waiter{ID: "late", Priority: priority.Low, Since: t0.Add(time.Hour)}
+	l, _ = b.ask(t, late, 0)
+	require.NotNil(t, l, "a lapsed registration still held its place")
+}
+
+// TestLineIgnoredWithoutWaiter: an ask without InLine is served as before
+// the line existed (tools, tests), and an invalid waiter is an error.
+func TestLineIgnoredWithoutWaiter(t *testing.T) {
+	b := lineBundle(t, 1)
+	b.drain(t)
+	l, _ := b.ask(t, Waiter{ID: "w", Priority: priority.Critical, Since: time.UnixMilli(1)}, 0)
+	require.Nil(t, l)
+	b.fill(t, "k1")
+	lease, err := b.pool.Acquire(context.Background(), haiku, 10)
+	require.NoError(t, err, "an ask outside the line")
+	require.NotNil(t, lease)
+	_, err = b.pool.Acquire(context.Background(), haiku, 10, InLine(Waiter{ID: "x"}))
+	require.ErrorContains(t, err, "invalid waiter")
+}
