@@ -196,7 +196,10 @@ type Postgres struct {
 // Worker configures the worker process.
 type Worker struct {
 	// Concurrency is the number of tasks one worker process handles at once
-	// (asynq goroutines). Default 32.
+	// (asynq goroutines), waiting for a slot or a key or calling. Default
+	// queue_max_depth + CRITICAL's reserve, at least 32
+	// (WorkerConcurrencyFor): a task asynq has not handed to a worker has
+	// no place in the lines that keep arrival order.
 	Concurrency int `yaml:"concurrency"`
 	// MetricsListen serves /metrics of the worker. Default 127.0.0.1:9091;
 	// "off" disables it.
@@ -213,8 +216,8 @@ type Worker struct {
 	// MaxAttempts bounds provider attempts of one request (429 waits do not
 	// count). Default 8.
 	MaxAttempts int `yaml:"max_attempts"`
-	// PaceWait is the longest a request holds its global slot waiting for a
-	// key reservation to come due. Default 1s.
+	// PaceWait is the longest a request holds its global slot waiting for
+	// its turn in a route's key line. Default 1s.
 	PaceWait time.Duration `yaml:"pace_wait"`
 	// HoldWait is the longest a request waits for capacity inside the
 	// worker before going back to the queue with a delay. Default 10s.

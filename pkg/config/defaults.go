@@ -35,7 +35,9 @@ const (
 	RedisAddrDefault                = "127.0.0.1:16379"
 	RedisPrefixDefault              = queue.PrefixDefault
 	PGMaxConnsDefault               = 10
-	WorkerConcurrencyDefault        = 32
+	// WorkerConcurrencyMin is the least worker.concurrency defaults to
+	// (WorkerConcurrencyFor).
+	WorkerConcurrencyMin = 32
 	WorkerMetricsListenDefault      = "127.0.0.1:9091"
 	TaskCheckIntervalDefault        = 20 * time.Millisecond
 	DelayedTaskCheckIntervalDefault = 100 * time.Millisecond
@@ -112,7 +114,6 @@ func (c *Config) setDefaults() {
 	orDefault(&c.Postgres.HistoryRetention, HistoryRetentionDefault)
 
 	w := &c.Worker
-	orDefault(&w.Concurrency, WorkerConcurrencyDefault)
 	orDefault(&w.MetricsListen, WorkerMetricsListenDefault)
 	orDefault(&w.TaskCheckInterval, TaskCheckIntervalDefault)
 	orDefault(&w.DelayedTaskCheckInterval, DelayedTaskCheckIntervalDefault)
@@ -147,6 +148,7 @@ func (c *Config) setDefaults() {
 	orDefault(&q.SlotLease, SlotLeaseDefault)
 	q.Reserved = withDefaults(q.Reserved, ReservedDefault())
 	q.Weights = withDefaults(q.Weights, WeightsDefault())
+	orDefault(&w.Concurrency, WorkerConcurrencyFor(*q))
 
 	ca := &c.Cache
 	if ca.Enabled == nil {
@@ -210,4 +212,16 @@ func withDefaults[K comparable, V any](m, def map[K]V) map[K]V {
 		out[k] = v
 	}
 	return out
+}
+
+// WorkerConcurrencyFor is worker.concurrency's default: enough tasks for
+// one worker to hold the whole queue (queue_max_depth) and still dequeue
+// CRITICAL at once (its reserve), at least WorkerConcurrencyMin. A task
+// that asynq has handed to a worker waits for its slot and its key in
+// lines ordered by acceptance time, across every process; a task still in
+// asynq's list, or turned back to it by a full worker (config.MaxActive),
+// has no place in those lines and is overtaken by younger ones. Waiting
+// tasks cost a goroutine and a poll every 5-400 ms each, nothing else.
+func WorkerConcurrencyFor(q Queue) int {
+	return max(WorkerConcurrencyMin, q.MaxDepth+q.Reserved[priority.Critical])
 }

@@ -26,6 +26,9 @@ const (
 const (
 	pollMin = 5 * time.Millisecond
 	pollMax = 50 * time.Millisecond
+	// pollStep is a deep waiter's interval per grant still to go before
+	// its turn (Limiter.deepPoll).
+	pollStep = 10 * time.Millisecond
 )
 
 // waiterTTLMin keeps a polling waiter's registration alive between two

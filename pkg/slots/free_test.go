@@ -67,3 +67,31 @@ func TestOccupancyAges(t *testing.T) {
 		t.Fatalf("after releasing the older slot: %v, %v; want one age under 50 ms", o.Ages, err)
 	}
 }
+
+// A refused waiter learns how many grants stand before its turn, and the
+// deep ones poll less often (at most 40% of WaiterTTL apart).
+func TestRefusalSaysHowFarBack(t *testing.T) {
+	l, err := New(testenv.Redis(t), Config{Total: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	t0 := time.UnixMilli(1_700_000_000_000)
+	for i, id := range []string{"a", "b"} {
+		if s, _, err := l.try(ctx, priority.Normal, Waiter{ID: id, Since: t0.Add(time.Duration(i) * time.Millisecond)}); err != nil || s == nil {
+			t.Fatalf("%s: slot %v, err %v", id, s, err)
+		}
+	}
+	for i, id := range []string{"c", "d", "e"} {
+		_, behind, err := l.try(ctx, priority.Normal, Waiter{ID: id, Since: t0.Add(time.Duration(10+i) * time.Millisecond)})
+		if err != ErrNoSlot || behind != i+1 {
+			t.Fatalf("%s: behind %d, err %v; want %d grants to go", id, behind, err, i+1)
+		}
+	}
+	if got := l.deepPoll(3); got != 30*time.Millisecond {
+		t.Errorf("deepPoll(3) = %s, want 30ms", got)
+	}
+	if got := l.deepPoll(1000); got != 400*time.Millisecond {
+		t.Errorf("deepPoll(1000) = %s, want 40%% of the 1s WaiterTTL", got)
+	}
+}

@@ -24,8 +24,9 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 // ARGV[1] total, ARGV[2..5] reserves of priorities 1..4, ARGV[6] priority,
 // ARGV[7] waiter id, ARGV[8] since ms, ARGV[9] lease id, ARGV[10] lease
 // ttl ms, ARGV[11] waiter ttl ms
-// Reply: 1 granted (lease added, registration removed), 0 refused
-// (registration kept until now + waiter ttl).
+// Reply: 1 granted (lease added, registration removed), or -n refused
+// with n >= 1 grants to go before the asker's turn (registration kept
+// until now + waiter ttl).
 var acquireScript = redis.NewScript(luaNow + `
 local gone = redis.call("ZRANGEBYSCORE", KEYS[1], "-inf", now)
 for _, id in ipairs(gone) do
@@ -87,7 +88,10 @@ if p > 1 then
     pos = pos + rank - own[p]
   end
 end
-if pos > avail then return 0 end
+-- Refused: how many grants stand between the asker and its turn (at
+-- least 1), negated, so Acquire can poll less often the further back it
+-- stands.
+if pos > avail then return avail - pos end
 
 redis.call("ZREM", KEYS[2 + p], id)
 redis.call("ZREM", KEYS[6 + p], id)

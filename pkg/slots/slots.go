@@ -96,12 +96,14 @@ func (l *Limiter) TryAcquire(ctx context.Context, p priority.Priority, w Waiter)
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("slots: acquire a %s slot: %w", p, err)
 	}
-	return l.try(ctx, p, w)
+	s, _, err := l.try(ctx, p, w)
+	return s, err
 }
 
 // Acquire waits for a slot for p until it is granted or ctx ends, asking
-// again with jittered backoff (5 ms doubling to 50 ms); each ask refreshes
-// w's place in line. When ctx ends it removes w's registration (best
+// again with jittered backoff (5 ms doubling to 50 ms, longer for a
+// waiter many grants from its turn: 10 ms per grant, at most 40% of
+// WaiterTTL); each ask refreshes w's place in line. When ctx ends it removes w's registration (best
 // effort: otherwise it lapses after Config.WaiterTTL) and returns an error
 // wrapping ctx.Err().
 func (l *Limiter) Acquire(ctx context.Context, p priority.Priority, w Waiter) (*Slot, error) {
@@ -112,21 +114,31 @@ func (l *Limiter) Acquire(ctx context.Context, p priority.Priority, w Waiter) (*
 		if ctx.Err() != nil {
 			return nil, l.giveUp(ctx, p, w)
 		}
-		s, err := l.try(ctx, p, w)
+		s, behind, err := l.try(ctx, p, w)
 		if !errors.Is(err, ErrNoSlot) {
 			return s, err
 		}
-		if sleep(ctx, backoff/2+rand.N(backoff/2+1)) != nil {
+		wait := max(backoff, l.deepPoll(behind))
+		if sleep(ctx, wait/2+rand.N(wait/2+1)) != nil {
 			return nil, l.giveUp(ctx, p, w)
 		}
 	}
+}
+
+// deepPoll is the poll interval of a waiter behind others more than
+// grants away: pollStep per grant to go, at most 40% of WaiterTTL, so
+// its place stays alive. Waiters near their turn poll every 5-50 ms; the
+// hundreds of requests a full queue holds do not all poll that often.
+func (l *Limiter) deepPoll(behind int) time.Duration {
+	return min(time.Duration(behind)*pollStep, l.cfg.WaiterTTL*2/5)
 }
 
 // try runs one decision. The script runs detached from ctx's cancellation
 // (bounded by RedisTimeout) so that a cancel arriving while the reply is
 // on its way cannot lose a grant: that lease would hold a slot for
 // LeaseTTL with nobody to release it.
-func (l *Limiter) try(ctx context.Context, p priority.Priority, w Waiter) (*Slot, error) {
+// A refusal also says how many grants are still to go before w's turn.
+func (l *Limiter) try(ctx context.Context, p priority.Priority, w Waiter) (*Slot, int, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.cfg.RedisTimeout)
 	defer cancel()
 	lease := newID()
@@ -136,13 +148,13 @@ func (l *Limiter) try(ctx context.Context, p priority.Priority, w Waiter) (*Slot
 	n, err := acquireScript.Run(ctx, l.rdb, l.keys, args...).Int64()
 	switch {
 	case err != nil:
-		return nil, fmt.Errorf("slots: acquire a %s slot: %w", p, err)
-	case n == 0:
-		return nil, ErrNoSlot
+		return nil, 0, fmt.Errorf("slots: acquire a %s slot: %w", p, err)
+	case n <= 0:
+		return nil, max(1, int(-n)), ErrNoSlot
 	case n != 1:
-		return nil, fmt.Errorf("slots: acquire a %s slot: unexpected reply %d", p, n)
+		return nil, 0, fmt.Errorf("slots: acquire a %s slot: unexpected reply %d", p, n)
 	}
-	return &Slot{l: l, ID: lease, Priority: p}, nil
+	return &Slot{l: l, ID: lease, Priority: p}, 0, nil
 }
 
 // giveUp leaves the line after ctx ended. A failure to leave is dropped:
