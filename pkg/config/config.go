@@ -217,7 +217,7 @@ type Worker struct {
 	// count). Default 8.
 	MaxAttempts int `yaml:"max_attempts"`
 	// PaceWait is the longest a request holds its global slot waiting for
-	// its turn in a route's key line. Default 1s.
+	// its turn in a route's key line. Default 2s.
 	PaceWait time.Duration `yaml:"pace_wait"`
 	// HoldWait is the longest a request waits for capacity inside the
 	// worker before going back to the queue with a delay. Default 10s.

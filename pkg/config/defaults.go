@@ -49,7 +49,7 @@ const (
 	QueueMaxDepthDefault            = queue.MaxDepthDefault
 	SlotLeaseDefault                = slots.LeaseTTLDefault
 	BurstWindowDefault              = keypool.WindowDefault
-	PaceWaitDefault                 = time.Second
+	PaceWaitDefault                 = 2 * time.Second
 	HoldWaitDefault                 = 10 * time.Second
 	// KeyLeaseDefault is how long a key's in-flight lease lives unsettled
 	// (keypool.LeaseTTLDefault); validation checks it outlasts a call.

@@ -24,7 +24,7 @@
 //
 // A request waits for capacity in three ways, by how long the wait is:
 //
-//   - up to PaceWait (default 1 s): it holds its global slot and waits in
+//   - up to PaceWait (default 2 s): it holds its global slot and waits in
 //     the route's key line (keypool.InLine), most urgent first, then
 //     oldest first, and calls at the moment a key's bucket has room for
 //     it, at exactly the keys' pace;
@@ -134,7 +134,7 @@ type Config struct {
 	// finished. 0 for a priority means no cap.
 	MaxActive map[priority.Priority]int
 	// PaceWait is the longest a request holds its global slot waiting for
-	// its turn in a route's key line (keypool.InLine). Default 1s.
+	// its turn in a route's key line (keypool.InLine). Default 2s.
 	PaceWait time.Duration
 	// HoldWait is the longest a request waits for capacity inside the
 	// worker (without a slot) before going back to asynq with a delay.
@@ -193,7 +193,7 @@ func New(cfg Config, d Deps) *Dispatcher {
 		cfg.SlotBusyDelay = 500 * time.Millisecond
 	}
 	if cfg.PaceWait == 0 {
-		cfg.PaceWait = time.Second
+		cfg.PaceWait = 2 * time.Second
 	}
 	if cfg.HoldWait == 0 {
 		cfg.HoldWait = 10 * time.Second
