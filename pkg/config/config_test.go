@@ -178,7 +178,7 @@ func TestValidation(t *testing.T) {
 			"breaker: {probe_timeout: 9m}", map[string]string{"K1": secretVal},
 			"providers.claude.timeout: (8m0s) twice (route and fallback) plus worker.hold_wait (10s) must stay under the queue's task timeout (15m0s)"},
 		{"call longer than the key lease", strings.Replace(minimal, `tiers: {sonnet: m1}}`, `tiers: {sonnet: m1}, timeout: 3m}`, 1),
-			map[string]string{"K1": secretVal}, "providers.claude.timeout: plus worker.pace_wait (1s) must stay under the key lease (3m0s)"},
+			map[string]string{"K1": secretVal}, "providers.claude.timeout: plus worker.pace_wait (2s) must stay under the key lease (3m0s)"},
 		// A component's own validation backs the file's rules up.
 		{"embedder dims out of range", minimal + `cache: {embedder: {kind: openai, base_url: "http://127.0.0.1:2", model: m, dims: 99999}}`,
 			map[string]string{"K1": secretVal}, "cache.embedder: embed: OpenAIConfig.Dims 99999"},
