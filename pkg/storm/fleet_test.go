@@ -91,6 +91,10 @@ func TestFleetMeasure(t *testing.T) {
 	if low.Pairs != 3 || low.Overtakes != 1 || low.WorstOvertake != 3*time.Second {
 		t.Errorf("low order: %d pairs, %d overtakes, worst %s", low.Pairs, low.Overtakes, low.WorstOvertake)
 	}
+	// By first provider call: r0's call at 0.1 s; no LOW request called.
+	if low.CallOvertakes != 1 || crit.CallOvertakes != 0 || fs.LowE2ERatio != 2 { // 8 s (r3 failed at 8 s) ÷ 4 s
+		t.Errorf("call order: low %d, critical %d; LOW e2e ratio %g", low.CallOvertakes, crit.CallOvertakes, fs.LowE2ERatio)
+	}
 	if fs.HistoryMissing != 1 {
 		t.Errorf("history missing %d, want 1 (r4)", fs.HistoryMissing)
 	}
