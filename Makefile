@@ -34,7 +34,7 @@ profile:
 
 # The storm benchmark alone (README, Performance): api, two workers and the
 # mock provider as OS processes, eight scenarios (the last two the
-# closed-loop fleet, F1-fleet-async and F1-fleet-compat), about 7.5
+# closed-loop fleet, F1-fleet-async and F1-fleet-compat), about 6.5
 # minutes; exits 1 when a target is missed. STORM_ARGS passes flags (e.g.
 # -scenarios F1-fleet-async or -scenarios S1 -n 120). The -timeout is a
 # backstop above the scenarios' 8-minute budget plus the build.
