@@ -134,15 +134,17 @@ func fleetResult(ctx context.Context, dsn string, outcomes []outcome, prompts []
 type PriorityStats struct {
 	// Ended counts the requests that ended at the client (answered or
 	// failed; not those cut at the time limit), with E2EP50 and E2EP99 of
-	// their submit → answer (or failure) as the client timed it.
-	Ended          int
-	E2EP50, E2EP99 time.Duration
+	// their submit → answer (or failure) as the client timed it, E2EMax
+	// the longest.
+	Ended                  int
+	E2EP50, E2EP99, E2EMax time.Duration
 	// Waits counts the requests with a history row, with WaitP50 and
 	// WaitP99 of created_at → started_at; a request that never started
 	// counts its wait until its end (or until history was read): a lower
-	// bound, so a starved request is never left out.
-	Waits            int
-	WaitP50, WaitP99 time.Duration
+	// bound, so a starved request is never left out. WaitMax is the
+	// longest.
+	Waits                     int
+	WaitP50, WaitP99, WaitMax time.Duration
 	// Pairs counts the pairs of requests of this priority and one route
 	// with distinct acceptance times; Overtakes those where the one
 	// accepted later started more than OvertakeGap before the other,
@@ -233,7 +235,7 @@ func fleetMeasure(outcomes []outcome, prompts []string, rows map[string]historyR
 	}
 	for p, v := range e2e {
 		ps := fs.ByPriority[p]
-		ps.Ended, ps.E2EP50, ps.E2EP99 = len(v), percentile(v, 0.50), percentile(v, 0.99)
+		ps.Ended, ps.E2EP50, ps.E2EP99, ps.E2EMax = len(v), percentile(v, 0.50), percentile(v, 0.99), percentile(v, 1)
 		fs.ByPriority[p] = ps
 	}
 	fs.CriticalCalls, fs.CriticalOverCall = len(overCall), percentile(overCall, 0.99)
@@ -277,7 +279,7 @@ func fleetMeasure(outcomes []outcome, prompts []string, rows map[string]historyR
 	}
 	for p, v := range waits {
 		ps := fs.ByPriority[p]
-		ps.Waits, ps.WaitP50, ps.WaitP99 = len(v), percentile(v, 0.50), percentile(v, 0.99)
+		ps.Waits, ps.WaitP50, ps.WaitP99, ps.WaitMax = len(v), percentile(v, 0.50), percentile(v, 0.99), percentile(v, 1)
 		fs.ByPriority[p] = ps
 	}
 	if low := fs.ByPriority[priority.Low.String()]; fs.IdealWait > 0 {
@@ -377,8 +379,9 @@ func (fs FleetStats) String() string {
 		if !ok {
 			continue
 		}
-		fmt.Fprintf(&b, " %s{ended=%d e2e_p50=%s e2e_p99=%s waits=%d wait_p50=%s wait_p99=%s ooo_1s=%d/%d worst_ooo=%s call_ooo_1s=%d worst_call_ooo=%s}",
-			p, ps.Ended, sec(ps.E2EP50), sec(ps.E2EP99), ps.Waits, sec(ps.WaitP50), sec(ps.WaitP99), ps.Overtakes, ps.Pairs, sec(ps.WorstOvertake),
+		fmt.Fprintf(&b, " %s{ended=%d e2e_p50=%s e2e_p99=%s e2e_max=%s waits=%d wait_p50=%s wait_p99=%s wait_max=%s ooo_1s=%d/%d worst_ooo=%s call_ooo_1s=%d worst_call_ooo=%s}",
+			p, ps.Ended, sec(ps.E2EP50), sec(ps.E2EP99), sec(ps.E2EMax), ps.Waits, sec(ps.WaitP50), sec(ps.WaitP99), sec(ps.WaitMax),
+			ps.Overtakes, ps.Pairs, sec(ps.WorstOvertake),
 			ps.CallOvertakes, sec(ps.WorstCallOvertake))
 	}
 	if fs.HistoryMissing > 0 {

@@ -81,7 +81,8 @@ func TestFleetMeasure(t *testing.T) {
 		t.Errorf("critical over its call %s (n=%d), want 0.7s (1 s minus the 0.3 s answered call)", fs.CriticalOverCall, fs.CriticalCalls)
 	}
 	// LOW waits: 6 s, 2.5 s, and r3 never started: 8 s until its end.
-	if low.Ended != 3 || low.E2EP50 != 7*time.Second || low.Waits != 3 || low.WaitP50 != 6*time.Second || low.WaitP99 != 8*time.Second {
+	if low.Ended != 3 || low.E2EP50 != 7*time.Second || low.Waits != 3 || low.WaitP50 != 6*time.Second || low.WaitP99 != 8*time.Second ||
+		low.WaitMax != 8*time.Second || low.E2EMax != 8*time.Second {
 		t.Errorf("low %+v", low)
 	}
 	if fs.LowWaitRatio != 2 {
