@@ -79,9 +79,6 @@ type estimate struct {
 	first    bool      // the request's first estimate
 	real     time.Duration
 	resolved bool // a `started` event followed
-	// starved: no `started` event followed before the request ended
-	// (failed, cut); real is then the wait until that end, a lower bound.
-	starved bool
 }
 
 // driver sends a scenario's requests.
@@ -301,7 +298,7 @@ func (r *Result) summarise(outcomes []outcome, prompts []string, capacity float6
 			case o.sent && !o.endedAt.IsZero():
 				// Never started: counted against the wait until the
 				// request's end, which the real wait is at least.
-				e.real, e.starved = max(0, o.endedAt.Sub(e.at)), true
+				e.real = max(0, o.endedAt.Sub(e.at))
 				r.ETAStarved++
 			default:
 				continue
