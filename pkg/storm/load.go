@@ -44,11 +44,32 @@ type outcome struct {
 	// Bulwark says.
 	route string
 
+	// prio is the priority it was sent with; id Bulwark's request id
+	// (async: from the 202; compat: X-Bulwark-Request-Id), "" when none
+	// came back; endedAt when its client was done with it (answered,
+	// failed, cut).
+	prio    string
+	endedAt time.Time
+
 	// Async only.
 	critical  bool
 	startedAt time.Time // first `started` event
-	id        string    // Bulwark's request id
+	id        string
 	estimates []estimate
+}
+
+// ended reports whether the request ended at its client for a reason of
+// its own: answered, or failed — not cut at the time limit or
+// interrupted.
+func (o outcome) ended() bool {
+	if o.ok {
+		return true
+	}
+	switch o.reason {
+	case "", "cut", "cancelled", "process_exited":
+		return false
+	}
+	return !o.endedAt.IsZero()
 }
 
 // estimate is one queue estimate a client received.
@@ -92,7 +113,14 @@ func Run(ctx context.Context, env Env, sc Scenario) (res Result, err error) {
 	defer transport.CloseIdleConnections()
 	client := &http.Client{Transport: transport}
 
-	sys, err := startSystem(ctx, env, sc, client)
+	o := options{APIs: sc.APIs, Workers: sc.Workers}
+	var calls *callLog // the fleet's recording proxy: each call's own duration
+	if sc.Fleet {
+		calls = newCallLog()
+		defer calls.close() // after the system's processes are stopped
+		o.ProviderURL = calls.url
+	}
+	sys, err := startSystemWith(ctx, env, sc, client, o)
 	if err != nil {
 		return res, err
 	}
@@ -142,6 +170,7 @@ func Run(ctx context.Context, env Env, sc Scenario) (res Result, err error) {
 				} else {
 					outcomes[i] = d.on(i).chat(limitCtx, i)
 				}
+				outcomes[i].endedAt = time.Now()
 			}
 		})
 	}
@@ -164,6 +193,9 @@ func Run(ctx context.Context, env Env, sc Scenario) (res Result, err error) {
 	watch.poll(sctx)
 	res.BreakerOpenings, res.OpenedBreakers, res.OpeningsByName, res.BreakerPollErrors = watch.result()
 	res.summarise(outcomes, d.prompts, sc.capacity())
+	if sc.Fleet {
+		res.Fleet = fleetResult(sctx, sys.databaseDSN(), outcomes, d.prompts, calls.snapshot(), sc)
+	}
 	if env.EstimatesDir != "" && sc.Mode == Async {
 		if err := writeEstimates(filepath.Join(env.EstimatesDir, sc.Name+"-estimates.csv"), outcomes); err != nil {
 			return res, err
@@ -252,15 +284,32 @@ func (r *Result) summarise(outcomes []outcome, prompts []string, capacity float6
 		}
 	}
 	var etaWarm []float64
+	var absAll, absFirst []time.Duration
+	r.ETAStarved, r.ETALate = 0, 0
 	for _, o := range outcomes {
 		for _, e := range o.estimates {
-			if !e.resolved {
+			switch {
+			case e.resolved:
+			case !o.startedAt.IsZero():
+				// Arrived after the request's last `started` event, none
+				// following: it had already started, so no wait remained.
+				e.real = 0
+				r.ETALate++
+			case o.sent && !o.endedAt.IsZero():
+				// Never started: counted against the wait until the
+				// request's end, which the real wait is at least.
+				e.real = max(0, o.endedAt.Sub(e.at))
+				r.ETAStarved++
+			default:
 				continue
 			}
 			err := etaError(e.value, e.real)
 			etaAll = append(etaAll, err)
+			abs := (e.value - e.real).Abs()
+			absAll = append(absAll, abs)
 			if e.first {
 				etaFirst = append(etaFirst, err)
+				absFirst = append(absFirst, abs)
 				if !firstDone.IsZero() && e.at.After(firstDone) {
 					etaWarm = append(etaWarm, err)
 				}
@@ -284,6 +333,7 @@ func (r *Result) summarise(outcomes []outcome, prompts []string, capacity float6
 	r.CriticalWaits = len(critical)
 	r.CriticalP99 = percentile(critical, 0.99)
 	r.ETA, r.ETAFirst, r.ETAFirstWarm = errorStats(etaAll), errorStats(etaFirst), errorStats(etaWarm)
+	r.ETAAbs, r.ETAFirstAbs = absStats(absAll), absStats(absFirst)
 }
 
 // steadyRate is the rate of correct answers between the 25th and the
@@ -398,10 +448,10 @@ func messages(prompt string) []map[string]string {
 // without one (nothing was taken) is sent again after Retry-After.
 func (d *driver) chat(ctx context.Context, i int) outcome {
 	prompt := d.prompts[i]
-	o := outcome{sent: true, sentAt: time.Now()}
+	o := outcome{sent: true, sentAt: time.Now(), prio: d.sc.priorityOf(i)}
 	model, layer := d.sc.ask(i)
 	body := map[string]any{"model": model, "max_tokens": MaxTokens, "messages": messages(prompt)}
-	hdr := map[string]string{"X-Bulwark-Priority": d.sc.priorityOf(i)}
+	hdr := map[string]string{"X-Bulwark-Priority": o.prio}
 	if layer != "" {
 		hdr["X-Bulwark-Cache-Layer"] = layer
 	}
@@ -410,6 +460,9 @@ func (d *driver) chat(ctx context.Context, i int) outcome {
 		if err != nil {
 			o.reason = failReason(ctx, "connection_error")
 			return o
+		}
+		if id := h.Get("X-Bulwark-Request-Id"); id != "" {
+			o.id = id
 		}
 		switch {
 		case code == http.StatusOK:
@@ -519,7 +572,7 @@ func errorCode(msg string) string {
 func (d *driver) async(ctx context.Context, i int) outcome {
 	prompt := d.prompts[i]
 	prio := d.sc.priorityOf(i)
-	o := outcome{sent: true, sentAt: time.Now(), critical: prio == "critical"}
+	o := outcome{sent: true, sentAt: time.Now(), prio: prio, critical: prio == "critical"}
 	body := map[string]any{"provider": "openai", "model_tier": "gpt4o-mini", "priority": prio,
 		"max_tokens": MaxTokens, "messages": messages(prompt)}
 	hdr := map[string]string{"Accept-Language": "en"}

@@ -93,6 +93,20 @@ type Result struct {
 	// answer: a cold start's first wave is estimated before any call
 	// latency is known.
 	ETAFirstWarm ErrorStats
+	// ETAAbs and ETAFirstAbs are the same estimates' absolute errors
+	// |estimate − real|, every one and each request's first.
+	ETAAbs, ETAFirstAbs AbsStats
+	// ETAStarved counts the estimates of requests that never started
+	// (failed or cut while queued): each is counted in ETA against the
+	// wait until the request's end, a lower bound of its real wait.
+	ETAStarved int
+	// ETALate counts the estimates that arrived after the request's last
+	// `started` event (a position read as the request left the line):
+	// each is counted in ETA against a real remaining wait of 0.
+	ETALate int
+	// Fleet holds the fleet scenarios' measures (fleet.go); nil for the
+	// others.
+	Fleet *FleetStats
 	// Cut reports that the hard time limit ended the load.
 	Cut   bool
 	Limit time.Duration
@@ -111,6 +125,19 @@ type Result struct {
 type ErrorStats struct {
 	N        int
 	P50, P95 float64
+}
+
+// AbsStats summarises absolute errors.
+type AbsStats struct {
+	N        int
+	P50, P95 time.Duration
+}
+
+func absStats(v []time.Duration) AbsStats {
+	if len(v) == 0 {
+		return AbsStats{}
+	}
+	return AbsStats{N: len(v), P50: percentile(v, 0.50), P95: percentile(v, 0.95)}
 }
 
 func errorStats(v []float64) ErrorStats {
@@ -173,6 +200,16 @@ func (r Result) String() string {
 			" warm_first_eta_err_p50=%.2f warm_first_eta_err_p95=%.2f(n=%d)",
 			sec(r.CriticalP99), r.CriticalWaits, r.ETA.P50, r.ETA.P95, r.ETA.N, r.ETAFirst.P50, r.ETAFirst.P95, r.ETAFirst.N,
 			r.ETAFirstWarm.P50, r.ETAFirstWarm.P95, r.ETAFirstWarm.N)
+		if r.ETAStarved > 0 || r.ETALate > 0 {
+			fmt.Fprintf(&b, " eta_starved=%d eta_after_start=%d", r.ETAStarved, r.ETALate)
+		}
+	}
+	if r.Fleet != nil {
+		b.WriteString(" " + r.Fleet.String())
+		if r.async {
+			fmt.Fprintf(&b, " eta_abs_err_p50=%s eta_abs_err_p95=%s first_eta_abs_err_p50=%s first_eta_abs_err_p95=%s",
+				sec(r.ETAAbs.P50), sec(r.ETAAbs.P95), sec(r.ETAFirstAbs.P50), sec(r.ETAFirstAbs.P95))
+		}
 	}
 	if lost := r.lostText(); lost != "" {
 		fmt.Fprintf(&b, " lost={%s}", lost)
@@ -263,6 +300,13 @@ func (r Result) Misses(t Targets) []string {
 				out = append(out, fmt.Sprintf("%s off by %.2f at the median, %.2f at p95 (n=%d; want <= %.2f, %.2f)",
 					e.what, e.s.P50, e.s.P95, e.s.N, t.MaxETAErrP50, t.MaxETAErrP95))
 			}
+		}
+	}
+	if t.MaxLowWaitRatio > 0 || t.NoOvertakes || t.MaxCriticalOverCall > 0 {
+		if r.Fleet == nil {
+			out = append(out, "no fleet measures (queue waits, start order, CRITICAL over its call)")
+		} else {
+			out = append(out, r.Fleet.misses(t)...)
 		}
 	}
 	return out

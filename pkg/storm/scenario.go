@@ -54,7 +54,7 @@ const (
 // mock does, and the targets the result must meet.
 type Scenario struct {
 	// Name as printed (S1, S1-slow, S1-slow-async, S2, S1-fallback,
-	// S3-mixed).
+	// S3-mixed, F1-fleet-async, F1-fleet-compat).
 	Name string
 	// Requests in all, Clients sending them concurrently (each waits for
 	// its answer before sending its next).
@@ -69,7 +69,7 @@ type Scenario struct {
 	// prompts in turn; the fifth asks a prompt of its own. 0: every request
 	// asks its own prompt.
 	HotPrompts int
-	// CriticalEvery > 0 (async): every CriticalEvery-th request is
+	// CriticalEvery > 0: every CriticalEvery-th request is
 	// critical, the others low. 0: every request is normal.
 	CriticalEvery int
 	// FailPrimary: the mock answers 429 to every call on the asked route's
@@ -99,6 +99,11 @@ type Scenario struct {
 	// MockWindow, when > 0, is the mock's enforcement window instead of
 	// 1 s (the pool's burst window stays 1 s).
 	MockWindow time.Duration
+	// Fleet measures what a waiting caller sees (fleet.go): every
+	// provider call goes through the storm's recording proxy (callLog),
+	// which times each call, and after the load history's rows give each
+	// request's acceptance and start (Result.Fleet).
+	Fleet bool
 	// Limit is the hard time limit of the load: at Limit after the first
 	// send the clients are cancelled and the result says what arrived.
 	Limit time.Duration
@@ -141,6 +146,16 @@ type Targets struct {
 	// MustServe names routes that must each serve at least one correct
 	// answer.
 	MustServe []string
+	// MaxLowWaitRatio bounds LOW's p99 queue wait (history: created_at →
+	// started_at) as a multiple of the first-come-first-served ideal,
+	// clients ÷ capacity (Fleet scenarios).
+	MaxLowWaitRatio float64
+	// NoOvertakes: no request started more than OvertakeGap before a
+	// request of the same priority and route accepted earlier (Fleet).
+	NoOvertakes bool
+	// MaxCriticalOverCall bounds the p99 of a CRITICAL request's
+	// end-to-end latency minus its own provider call's duration (Fleet).
+	MaxCriticalOverCall time.Duration
 }
 
 // AutoLimit is the default hard time limit for n requests: the time the
@@ -153,7 +168,7 @@ func AutoLimit(n int) time.Duration {
 }
 
 // ScenarioNames lists the scenarios in the order the command runs them.
-var ScenarioNames = []string{"S1", "S1-slow", "S1-slow-async", "S2", "S1-fallback", "S3-mixed"}
+var ScenarioNames = []string{"S1", "S1-slow", "S1-slow-async", "S2", "S1-fallback", "S3-mixed", "F1-fleet-async", "F1-fleet-compat"}
 
 // NewScenario returns the named scenario for n requests from clients
 // clients; limit 0 means AutoLimit(n) (MixedAutoLimit(n) for S3-mixed).
@@ -202,6 +217,19 @@ func NewScenario(name string, n, clients int, limit time.Duration) (Scenario, er
 		// with, and the cloud keys share the load unevenly by design.
 		s.Targets = Targets{AllAnswered: true, MaxCallsPerRequest: 1.02, NoBreakerOpenings: true,
 			NoOverSubscription: true, MaxLocalInFlight: MixedLocalInFlight, MustServe: mixedRoutes}
+	case "F1-fleet-async", "F1-fleet-compat":
+		// A closed-loop fleet, 95 % LOW and 5 % CRITICAL, measured as
+		// its callers see it (fleet.go).
+		fast()
+		s.Fleet = true
+		s.CriticalEvery = 20
+		s.Targets.MaxLowWaitRatio = 1.3
+		s.Targets.NoOvertakes = true
+		s.Targets.MaxCriticalOverCall = 300 * time.Millisecond
+		if name == "F1-fleet-async" {
+			s.Mode = Async
+			s.Targets.MaxETAErrP50, s.Targets.MaxETAErrP95 = 0.25, 0.5
+		}
 	default:
 		return Scenario{}, fmt.Errorf("storm: unknown scenario %q (want one of %s)", name, strings.Join(ScenarioNames, ", "))
 	}

@@ -159,6 +159,8 @@ func TestPrompts(t *testing.T) {
 		{"S2", 400, 90, 0}, // 10 hot prompts + every fifth request its own
 		{"S2", 12, 12, 0},  // 10 hot requests use the 10 hot prompts; 4 and 9 their own
 		{"S3-mixed", 400, 400, 0},
+		{"F1-fleet-async", 400, 400, 20},
+		{"F1-fleet-compat", 400, 400, 20},
 	}
 	for _, tt := range tests {
 		sc, err := NewScenario(tt.name, tt.n, 5, 0)

@@ -3,7 +3,7 @@
 // redis-server of their own and a fresh database on the test PostgreSQL
 // server ($BULWARK_TEST_PG), driven over HTTP.
 //
-//	go run ./scripts/storm [-scenarios S1,S1-slow,S1-slow-async,S2,S1-fallback,S3-mixed] [-n 400] [-clients 50]
+//	go run ./scripts/storm [-scenarios S1,S1-slow,S1-slow-async,S2,S1-fallback,S3-mixed,F1-fleet-async,F1-fleet-compat] [-n 400] [-clients 50]
 //
 // It prints one line per scenario, then the targets missed, and exits 1 if
 // any was. `make bench` runs the same code through TestStormBench with the
