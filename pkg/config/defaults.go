@@ -18,26 +18,26 @@ import (
 // Defaults of the design document; see each field's comment. Where a
 // component has a default of its own, this is it: one number, one place.
 const (
-	ListenDefault                   = "127.0.0.1:8080"
-	MaxBodyBytesDefault             = httpapi.MaxBodyBytesDefault
-	MaxPromptCharsDefault           = 200_000
-	MaxTokensLimitDefault           = 32_000
-	DefaultMaxTokensDefault         = 1024
-	SyncTimeoutDefault              = httpapi.SyncTimeoutDefault
-	ResultTTLDefault                = time.Hour
-	ServerShutdownTimeoutDefault    = 10 * time.Second
-	ReadHeaderTimeoutDefault        = 5 * time.Second
-	ReadTimeoutDefault              = 30 * time.Second
-	IdleTimeoutDefault              = 120 * time.Second
-	MaxHeaderBytesDefault           = 64 << 10
-	WriteTimeoutDefault             = httpapi.WriteTimeoutDefault
-	StreamMaxLifetimeDefault        = httpapi.StreamMaxLifetimeDefault
-	RedisAddrDefault                = "127.0.0.1:16379"
-	RedisPrefixDefault              = queue.PrefixDefault
-	PGMaxConnsDefault               = 10
+	ListenDefault                = "127.0.0.1:8080"
+	MaxBodyBytesDefault          = httpapi.MaxBodyBytesDefault
+	MaxPromptCharsDefault        = 200_000
+	MaxTokensLimitDefault        = 32_000
+	DefaultMaxTokensDefault      = 1024
+	SyncTimeoutDefault           = httpapi.SyncTimeoutDefault
+	ResultTTLDefault             = time.Hour
+	ServerShutdownTimeoutDefault = 10 * time.Second
+	ReadHeaderTimeoutDefault     = 5 * time.Second
+	ReadTimeoutDefault           = 30 * time.Second
+	IdleTimeoutDefault           = 120 * time.Second
+	MaxHeaderBytesDefault        = 64 << 10
+	WriteTimeoutDefault          = httpapi.WriteTimeoutDefault
+	StreamMaxLifetimeDefault     = httpapi.StreamMaxLifetimeDefault
+	RedisAddrDefault             = "127.0.0.1:16379"
+	RedisPrefixDefault           = queue.PrefixDefault
+	PGMaxConnsDefault            = 10
 	// WorkerConcurrencyMin is the least worker.concurrency defaults to
 	// (WorkerConcurrencyFor).
-	WorkerConcurrencyMin = 32
+	WorkerConcurrencyMin            = 32
 	WorkerMetricsListenDefault      = "127.0.0.1:9091"
 	TaskCheckIntervalDefault        = 20 * time.Millisecond
 	DelayedTaskCheckIntervalDefault = 100 * time.Millisecond
