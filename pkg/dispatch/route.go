@@ -335,7 +335,7 @@ func (d *Dispatcher) leaveLine(ctx context.Context, r llm.Route, id string) {
 // the keys' time is already promised when a more urgent request arrives:
 // at most this long, plus one refill, stands between a CRITICAL request
 // and its key.
-const reserveAhead = 50 * time.Millisecond
+const reserveAhead = 20 * time.Millisecond
 
 // minPaceRecheck and lineRecheckMax bound the sleep of a waiter between
 // two asks: the pool's estimate of its turn, within these bounds. The

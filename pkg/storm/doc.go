@@ -112,7 +112,8 @@
 //     request that never started counts until its end, or until history
 //     was read — a lower bound, so a starved request is not left out;
 //   - out-of-order starts: over every pair of the same priority and
-//     route with distinct created_at, those where the later one started
+//     route accepted more than AcceptGap (250 ms) apart, those where the
+//     later one started
 //     more than OvertakeGap (1 s) before the earlier one (a request that
 //     never started starts at its end), with the worst gap.
 //

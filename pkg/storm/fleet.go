@@ -26,6 +26,13 @@ import (
 // start (Targets.NoOvertakes).
 const OvertakeGap = time.Second
 
+// AcceptGap is how much earlier a request must have been accepted than
+// another for their start order to count (issue 25: "a request never
+// starts after a request of the same priority and route that was accepted
+// more than 250 ms later"). Requests a storm's first burst sends within
+// the same few milliseconds are not ordered by it.
+const AcceptGap = 250 * time.Millisecond
+
 // historyWait bounds the wait, after the load, for the history rows of
 // the requests that ended to be written (the writes are batched).
 const historyWait = 20 * time.Second
@@ -307,7 +314,7 @@ func startOf(r historyRow, now time.Time) time.Time {
 }
 
 // overtakes compares every two requests of rs (one priority and route)
-// with distinct acceptance times: pairs is how many were compared, n how
+// accepted more than AcceptGap apart: pairs is how many were compared, n how
 // many times the one accepted later started more than OvertakeGap before
 // the other, worst the largest such gap.
 func overtakes(rs []historyRow, now time.Time) (pairs, n int, worst time.Duration) {
@@ -316,7 +323,7 @@ func overtakes(rs []historyRow, now time.Time) (pairs, n int, worst time.Duratio
 	for i := range rs {
 		si := startOf(rs[i], now)
 		for j := i + 1; j < len(rs); j++ {
-			if !rs[j].created.After(rs[i].created) {
+			if rs[j].created.Sub(rs[i].created) <= AcceptGap {
 				continue
 			}
 			pairs++

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// Out-of-order starts: only pairs of distinct acceptance times count, a
+// Out-of-order starts: only pairs accepted more than AcceptGap apart count, a
 // later one must start more than OvertakeGap earlier, and a request that
 // never started counts from its end (or now).
 func TestOvertakes(t *testing.T) {
@@ -28,10 +28,11 @@ func TestOvertakes(t *testing.T) {
 		worst             time.Duration
 		nowAfterFirstSecs float64
 	}{
-		{"in order", []historyRow{row("a", 0, 1), row("b", 0.1, 1.2), row("c", 0.2, 1.3)}, 3, 0, 0, 10},
-		{"within the gap", []historyRow{row("a", 0, 2), row("b", 0.1, 1.1)}, 1, 0, 0, 10},
-		{"overtaken by 3 s", []historyRow{row("a", 0, 5), row("b", 0.1, 2), row("c", 0.2, 4.5)}, 3, 1, 3 * time.Second, 10},
+		{"in order", []historyRow{row("a", 0, 1), row("b", 0.3, 1.2), row("c", 0.6, 1.3)}, 3, 0, 0, 10},
+		{"within the gap", []historyRow{row("a", 0, 2), row("b", 0.3, 1.1)}, 1, 0, 0, 10},
+		{"overtaken by 3 s", []historyRow{row("a", 0, 5), row("b", 0.3, 2), row("c", 0.6, 4.5)}, 3, 1, 3 * time.Second, 10},
 		{"same acceptance time", []historyRow{row("a", 0, 5), row("b", 0, 1)}, 0, 0, 0, 10},
+		{"accepted within 250 ms", []historyRow{row("a", 0, 5), row("b", 0.25, 1)}, 0, 0, 0, 10},
 		{"never started, ended", []historyRow{{id: "a", created: at(0), finished: at(30)}, row("b", 1, 2)}, 1, 1, 28 * time.Second, 40},
 		{"never started, open", []historyRow{row("a", 0, -1), row("b", 1, 2)}, 1, 1, 38 * time.Second, 40},
 	}
