@@ -308,9 +308,10 @@ func New(ctx context.Context, rdb redis.Scripter, cfg Config, logger *slog.Logge
 		p.routePrefs[r] += pref
 		p.allKeys = append(p.allKeys, sk, lk)
 	}
-	// The acquire script's last two KEYS are the route's line.
+	// The acquire script's last three KEYS are the route's line and its
+	// spacing.
 	for r := range p.routeKeys {
-		p.routeKeys[r] = append(p.routeKeys[r], lineKey(cfg.Prefix, r), lineExpiryKey(cfg.Prefix, r))
+		p.routeKeys[r] = append(p.routeKeys[r], lineKey(cfg.Prefix, r), lineExpiryKey(cfg.Prefix, r), paceKey(cfg.Prefix, r))
 	}
 	if err := p.register(ctx); err != nil {
 		return nil, err

@@ -25,3 +25,7 @@ func lineKey(prefix string, r llm.Route) string { return prefix + "line:" + r.St
 // lineExpiryKey scores the same waiters by when their registration lapses
 // (Redis time in µs).
 func lineExpiryKey(prefix string, r llm.Route) string { return prefix + "line-exp:" + r.String() }
+
+// paceKey holds the moment (Redis µs) of a route's last grant made in line,
+// from which the next one is spaced (see doc.go, "The line").
+func paceKey(prefix string, r llm.Route) string { return prefix + "pace:" + r.String() }

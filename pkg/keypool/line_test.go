@@ -166,3 +166,31 @@ func TestLineIgnoredWithoutWaiter(t *testing.T) {
 	_, err = b.pool.Acquire(context.Background(), haiku, 10, InLine(Waiter{ID: "x"}))
 	require.ErrorContains(t, err, "invalid waiter")
 }
+
+// TestLineSpacesTheRoute: keys that refill together (here two of 120 RPM
+// drained at once) do not serve in bursts when they serve a line: the
+// grants are spread one route interval apart (1/4 s for 4 requests/s), so
+// a request arriving between two bursts does not wait a whole key
+// interval. A key with burst room is not held back.
+func TestLineSpacesTheRoute(t *testing.T) {
+	b := build(t, Config{Pace: 1, Keys: []Key{key("k1", haiku, 120, 1_000_000), key("k2", haiku, 120, 1_000_000)}})
+	// Full buckets (2 requests each) serve at once: burst room.
+	t0 := time.UnixMilli(1_700_000_000_000)
+	w := func(i int) Waiter {
+		return Waiter{ID: string(rune('a' + i)), Priority: priority.Normal, Since: t0.Add(time.Duration(i) * time.Millisecond)}
+	}
+	var leases []*Lease
+	for i := range 6 {
+		l, ee := b.ask(t, w(i), time.Second)
+		if l == nil {
+			t.Fatalf("waiter %d refused (%v) though the keys serve 4 now and 2 more within a second", i, ee)
+		}
+		leases = append(leases, l)
+	}
+	require.Zero(t, leases[0].Delay())
+	require.Zero(t, leases[1].Delay(), "a full bucket's burst is not spaced")
+	// The last two come due when the drained keys refill (0.5 s), one
+	// route interval (0.25 s) apart rather than together.
+	gap := leases[5].NotBefore.Sub(leases[4].NotBefore)
+	require.InDelta(t, 0.25, gap.Seconds(), 0.02, "the refilled keys' grants are spaced by the route interval")
+}

@@ -145,8 +145,9 @@ return changed
 // line"); the granted waiter leaves the line.
 //
 // KEYS[2i-1], KEYS[2i]  state hash and lease set of candidate key i
-// KEYS[#KEYS-1]         the route's line: waiter → place
-// KEYS[#KEYS]           the line's expiries: waiter → expiry (µs)
+// KEYS[#KEYS-2]         the route's line: waiter → place
+// KEYS[#KEYS-1]         the line's expiries: waiter → expiry (µs)
+// KEYS[#KEYS]           the route's last grant moment (µs), for spacing
 // ARGV[1]  estimated tokens to reserve (>= 0)
 // ARGV[2]  lease TTL in µs
 // ARGV[3]  lease id
@@ -171,16 +172,15 @@ local est, ttl, lease, ahead = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], to
 local prefs, rot = ARGV[5] or '', tonumber(ARGV[6] or '0')
 local who, place, lttl = ARGV[7] or '', ARGV[8], tonumber(ARGV[9] or '0')
 local now = nowus()
-local n = (#KEYS - 2) / 2
-local line, lineExp = KEYS[#KEYS - 1], KEYS[#KEYS]
-local best, bestWait, bestHead, bestS, bestPref, bestRank = 0, 0, 0, nil, false, 0
+local n = (#KEYS - 3) / 2
+local line, lineExp, paceKey = KEYS[#KEYS - 2], KEYS[#KEYS - 1], KEYS[#KEYS]
 local minWait, minReason = -1, 'disabled'
-local fits = 0
--- The line's arithmetic: grants the keys can make within ahead, the
--- soonest moment after those, and the keys' summed request rate.
-local grants, nextWait, nextReason, rate = 0, -1, '', 0
 -- The soonest end of a cooldown or an in-flight cap, when a key has one.
 local minHard, hardReason = -1, ''
+local fits = 0
+-- First pass: each key's state and wait; rate sums the request rates of
+-- the keys that may serve (not disabled, not cooling, under their cap).
+local ks, rate = {}, 0
 for i = 1, n do
   local h, z = KEYS[2 * i - 1], KEYS[2 * i]
   local s = load(h, now)
@@ -205,50 +205,84 @@ for i = 1, n do
           if x > hard then hard, hreason = x, 'in_flight' end
         end
       end
-      if hard == 0 then
-        local k, after, why = within(s, est, ahead, w, reason, inflight)
-        grants = grants + k
-        rate = rate + s.er
-        if nextWait < 0 or after < nextWait then nextWait, nextReason = after, why end
-      end
-      if hard == 0 and w <= ahead then
-        -- Headroom: the smallest fraction of any limit left after this
-        -- reservation. The earliest key wins; among keys free now, a
-        -- preferred one, then the most headroom, then the rotation.
-        local head = (s.rl - 1) / s.capR
-        local th = (s.tl - est) / math.max(s.capT, est)
-        if th < head then head = th end
-        if s.mif > 0 then
-          local ih = (s.mif - inflight - 1) / s.mif
-          if ih < head then head = ih end
-        end
-        local pref = w == 0 and string.sub(prefs, i, i) == '1'
-        local rank = (i - 1 - rot) % n
-        local better = best == 0 or w < bestWait
-        if not better and w == bestWait then
-          if pref ~= bestPref then
-            better = pref
-          elseif head ~= bestHead then
-            better = head > bestHead
-          else
-            better = rank < bestRank
-          end
-        end
-        if better then
-          best, bestWait, bestHead, bestS, bestPref, bestRank = i, w, head, s, pref, rank
-        end
-      else
-        -- A soft wait is reported up to the horizon, not to room now: the
-        -- caller that comes back then can reserve.
-        local x, why = math.max(w - ahead, 1), reason
-        if hard > x then x, why = hard, hreason end
-        if minWait < 0 or x < minWait then minWait, minReason = x, why end
-        if hard > 0 and (minHard < 0 or hard < minHard) then minHard, hardReason = hard, hreason end
-      end
+      ks[#ks + 1] = {i = i, s = s, w = w, reason = reason, hard = hard, hreason = hreason, inflight = inflight}
+      if hard == 0 then rate = rate + s.er end
     end
   end
 end
 if fits == 0 then return {-1, now} end
+-- Spacing (lined asks only, see doc.go "The line"): on a saturated route
+-- the grants are spread one route interval S apart, so that the keys'
+-- moments interleave instead of coming in bursts a whole key interval
+-- apart (4 keys refilled together serve 4 at once, then nothing for
+-- 0.5 s: the wait of a CRITICAL request arriving in between). A key whose
+-- bucket holds a request beyond this one (burst room), or would overflow
+-- within S, is not held back: spacing never wastes capacity.
+local S, spaceAt = 0, 0
+if who ~= '' and rate > 0 then
+  S = 60000000 / rate
+  local lg = tonumber(redis.call('GET', paceKey) or '0')
+  spaceAt = lg + S - now
+end
+local best, bestWait, bestHead, bestS, bestPref, bestRank = 0, 0, 0, nil, false, 0
+-- The line's arithmetic: grants the keys can make within ahead, the
+-- soonest moment after those.
+local grants, nextWait, nextReason, spaced = 0, -1, '', false
+for _, k in ipairs(ks) do
+  local s, w, hard = k.s, k.w, k.hard
+  local q = w
+  local free = true
+  if hard == 0 and S > 0 then
+    local level = s.rl + w * s.er / 60000000
+    free = level >= 2 or level + S * s.er / 60000000 > s.capR
+    if not free and spaceAt > q then q = spaceAt end
+  end
+  if hard == 0 then
+    local c, after, why = within(s, est, ahead, w, k.reason, k.inflight)
+    if free then
+      grants = grants + c
+    elseif q <= ahead then
+      spaced = true
+    end
+    if not free and spaceAt > after then after = spaceAt end
+    if nextWait < 0 or after < nextWait then nextWait, nextReason = after, why end
+  end
+  if hard == 0 and q <= ahead then
+    -- Headroom: the smallest fraction of any limit left after this
+    -- reservation. The earliest key wins; among keys free now, a
+    -- preferred one, then the most headroom, then the rotation.
+    local head = (s.rl - 1) / s.capR
+    local th = (s.tl - est) / math.max(s.capT, est)
+    if th < head then head = th end
+    if s.mif > 0 then
+      local ih = (s.mif - k.inflight - 1) / s.mif
+      if ih < head then head = ih end
+    end
+    local pref = q == 0 and string.sub(prefs, k.i, k.i) == '1'
+    local rank = (k.i - 1 - rot) % n
+    local better = best == 0 or q < bestWait
+    if not better and q == bestWait then
+      if pref ~= bestPref then
+        better = pref
+      elseif head ~= bestHead then
+        better = head > bestHead
+      else
+        better = rank < bestRank
+      end
+    end
+    if better then
+      best, bestWait, bestHead, bestS, bestPref, bestRank = k.i, q, head, s, pref, rank
+    end
+  else
+    -- A soft wait is reported up to the horizon, not to room now: the
+    -- caller that comes back then can reserve.
+    local x, why = math.max(q - ahead, 1), k.reason
+    if hard > x then x, why = hard, k.hreason end
+    if minWait < 0 or x < minWait then minWait, minReason = x, why end
+    if hard > 0 and (minHard < 0 or hard < minHard) then minHard, hardReason = hard, k.hreason end
+  end
+end
+if spaced then grants = grants + 1 end
 if who ~= '' then
   -- The line: registrations of waiters that stopped asking lapse first.
   local dead = redis.call('ZRANGEBYSCORE', lineExp, '-inf', now)
@@ -263,8 +297,8 @@ if who ~= '' then
   if rank > grants then
     -- Not this waiter's turn within the horizon: come back when the
     -- moments of the waiters ahead have been reserved, about (rank -
-    -- grants - 1) refills after the soonest moment beyond the horizon,
-    -- or when a cooling or full key frees, if sooner.
+    -- grants - 1) route intervals after the soonest moment beyond the
+    -- horizon, or when a cooling or full key frees, if sooner.
     local back, why = minHard, hardReason
     if rate == 0 and back < 0 then back, why = minWait, minReason end
     if rate > 0 then
@@ -293,6 +327,11 @@ bestS.tl = bestS.tl - est
 local at = now + math.ceil(bestWait)
 if at > bestS.rv then bestS.rv = at end
 save(h, bestS, now)
+if who ~= '' then
+  -- The route's last grant moment, for spacing; forgotten after a minute.
+  local lg = tonumber(redis.call('GET', paceKey) or '0')
+  if at > lg then redis.call('SET', paceKey, fmt17(at), 'PX', 60000) end
+end
 redis.call('ZREMRANGEBYSCORE', z, '-inf', now)
 redis.call('ZADD', z, at + ttl, lease)
 -- The set outlives its last lease by a second at most, so an idle key
