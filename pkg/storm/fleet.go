@@ -183,6 +183,10 @@ type FleetStats struct {
 	// minus that call's own duration; CriticalCalls counts them.
 	CriticalOverCall time.Duration
 	CriticalCalls    int
+	// CriticalBeforeCall and CriticalAfterCall split it: the p50 and p99
+	// of submit → the answered call's start, and of that call's end → the
+	// answer at the client (where the extra time goes).
+	CriticalBeforeCall, CriticalAfterCall [2]time.Duration
 	// HistoryMissing counts the requests Bulwark accepted (an id came
 	// back) that have no history row; HistoryErr says why history could
 	// not be read at all.
@@ -203,6 +207,7 @@ func fleetMeasure(outcomes []outcome, prompts []string, rows map[string]historyR
 	}
 	answeredCall := map[string]time.Duration{} // prompt → its last answered call's duration
 	lastEnd := map[string]time.Time{}
+	lastStart := map[string]time.Time{}
 	firstCall := map[string]time.Time{} // prompt → its first call's start
 	for _, c := range calls {
 		if c.Prompt != "" {
@@ -214,12 +219,12 @@ func fleetMeasure(outcomes []outcome, prompts []string, rows map[string]historyR
 			continue
 		}
 		if e, ok := lastEnd[c.Prompt]; !ok || c.End.After(e) {
-			lastEnd[c.Prompt], answeredCall[c.Prompt] = c.End, c.End.Sub(c.Start)
+			lastEnd[c.Prompt], lastStart[c.Prompt], answeredCall[c.Prompt] = c.End, c.Start, c.End.Sub(c.Start)
 		}
 	}
 
 	e2e := map[string][]time.Duration{}
-	var overCall []time.Duration
+	var overCall, beforeCall, afterCall []time.Duration
 	for i, o := range outcomes {
 		if o.id != "" && rows != nil {
 			if _, ok := rows[o.id]; !ok {
@@ -237,6 +242,8 @@ func fleetMeasure(outcomes []outcome, prompts []string, rows map[string]historyR
 		if o.ok && o.prio == priority.Critical.String() {
 			if call, ok := answeredCall[prompts[i]]; ok {
 				overCall = append(overCall, d-call)
+				beforeCall = append(beforeCall, lastStart[prompts[i]].Sub(o.sentAt))
+				afterCall = append(afterCall, o.sentAt.Add(d).Sub(lastEnd[prompts[i]]))
 			}
 		}
 	}
@@ -246,6 +253,8 @@ func fleetMeasure(outcomes []outcome, prompts []string, rows map[string]historyR
 		fs.ByPriority[p] = ps
 	}
 	fs.CriticalCalls, fs.CriticalOverCall = len(overCall), percentile(overCall, 0.99)
+	fs.CriticalBeforeCall = [2]time.Duration{percentile(beforeCall, 0.50), percentile(beforeCall, 0.99)}
+	fs.CriticalAfterCall = [2]time.Duration{percentile(afterCall, 0.50), percentile(afterCall, 0.99)}
 
 	// Queue waits and out-of-order starts, from history, by priority and
 	// route.
@@ -379,8 +388,10 @@ func (fs FleetStats) misses(t Targets) []string {
 // String is the fleet measures for the scenario's line.
 func (fs FleetStats) String() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "ideal_wait=%s low_wait_p99/ideal=%.2f low_e2e_p99/ideal=%.2f crit_e2e_minus_call_p99=%s(n=%d)",
-		sec(fs.IdealWait), fs.LowWaitRatio, fs.LowE2ERatio, sec(fs.CriticalOverCall), fs.CriticalCalls)
+	fmt.Fprintf(&b, "ideal_wait=%s low_wait_p99/ideal=%.2f low_e2e_p99/ideal=%.2f crit_e2e_minus_call_p99=%s(n=%d)"+
+		" crit_before_call_p50/p99=%s/%s crit_after_call_p50/p99=%s/%s",
+		sec(fs.IdealWait), fs.LowWaitRatio, fs.LowE2ERatio, sec(fs.CriticalOverCall), fs.CriticalCalls,
+		sec(fs.CriticalBeforeCall[0]), sec(fs.CriticalBeforeCall[1]), sec(fs.CriticalAfterCall[0]), sec(fs.CriticalAfterCall[1]))
 	for _, p := range priority.All {
 		ps, ok := fs.ByPriority[p.String()]
 		if !ok {
