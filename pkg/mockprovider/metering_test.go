@@ -108,6 +108,11 @@ func TestAnthropicInputOutputBuckets(t *testing.T) {
 	b.clock.Advance(time.Second)
 	wantStatus(t, b.claude(t, "k", claudeText(prompt, 1200-out+20)), http.StatusOK)
 
+	// Only the Messages API splits input and output: the same key on Chat
+	// Completions has neither limit (and this key no TPM).
+	r = b.chat(t, "k", chatText(prompt, 5000))
+	wantStatus(t, r, http.StatusOK)
+
 	// max_tokens above OTPM itself never fits.
 	r = b.claude(t, "k", claudeText(prompt, 1201))
 	wantStatus(t, r, http.StatusTooManyRequests)

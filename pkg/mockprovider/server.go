@@ -57,8 +57,9 @@ type Limits struct {
 	// minute, metered like TPM: input_tokens charge the input bucket,
 	// max_tokens the output bucket at admission, and the output bucket
 	// gets the unused part of max_tokens back after the answer. 0: no such
-	// limit. They apply on whichever endpoint the key calls; the
-	// Anthropic headers report them as input-tokens-* and output-tokens-*.
+	// limit. They apply on the Messages endpoint only (the other APIs
+	// have no such split), whose headers report them as input-tokens-*
+	// and output-tokens-*.
 	ITPM int `json:"itpm"`
 	OTPM int `json:"otpm"`
 	// MaxConcurrent is a local model server's parallel slots (Ollama's
@@ -295,6 +296,10 @@ func (s *Server) limiter(k limiterKey, now time.Time) *limiter {
 		lim, ok := s.keyLimits[k.fp]
 		if !ok {
 			lim = s.defaultLimits
+		}
+		if k.endpoint != (anthropicWire{}).endpoint() {
+			// Only Anthropic's Messages API meters input and output apart.
+			lim.ITPM, lim.OTPM = 0, 0
 		}
 		l = newLimiter(lim, s.window, now)
 		s.limiters[k] = l
