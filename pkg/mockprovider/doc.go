@@ -96,7 +96,8 @@
 //     models is not modelled). So on the Messages and Bedrock endpoints
 //     the unused part of max_tokens (all of it when the client gives up)
 //     goes back after the answer. A key's Limits.TPM meters input and
-//     output together; Limits.ITPM and OTPM, when set, meter them apart,
+//     output together; Limits.ITPM and OTPM, when set, meter them apart
+//     on the Messages endpoint (the other APIs have no such split),
 //     input_tokens against ITPM and max_tokens against OTPM at admission.
 //   - Limits apply per model on both providers; the mock limits each
 //     endpoint separately.
