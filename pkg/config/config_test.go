@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"bulwark/pkg/config"
+	"bulwark/pkg/keypool"
 	"bulwark/pkg/llm"
 	"bulwark/pkg/priority"
 )
@@ -243,6 +244,33 @@ func TestRouteOrder(t *testing.T) {
 	} {
 		if got := fmt.Sprint(c.RouteOrder(tt.asked, tt.layer)); got != tt.want {
 			t.Errorf("RouteOrder(%s, %s) = %s, want %s", tt.asked, tt.layer, got, tt.want)
+		}
+	}
+}
+
+// TestKeypoolMetering: each key settles its tokens the way its provider's
+// kind documents (keypool.Metering): OpenAI and Azure keep the admission
+// charge; Anthropic, Bedrock and local servers settle to usage.
+func TestKeypoolMetering(t *testing.T) {
+	t.Parallel()
+	b, err := os.ReadFile("../../config.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := config.Parse(b, env(baseEnv))
+	if err != nil {
+		t.Fatalf("config.yaml: %v", err)
+	}
+	kc := c.KeypoolConfig()
+	if len(kc.Keys) == 0 {
+		t.Fatal("config.yaml has no keys")
+	}
+	// config.yaml's claude provider is of kind anthropic, openai of kind
+	// openai.
+	want := map[llm.Provider]keypool.Metering{llm.ProviderClaude: keypool.MeterUsage, llm.ProviderOpenAI: keypool.MeterAdmission}
+	for _, k := range kc.Keys {
+		if w, ok := want[k.Provider]; ok && k.Metering != w {
+			t.Errorf("key %s (provider %s): metering %s, want %s", k.ID, k.Provider, k.Metering, w)
 		}
 	}
 }

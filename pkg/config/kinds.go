@@ -1,5 +1,7 @@
 package config
 
+import "bulwark/pkg/keypool"
+
 // Provider kinds: the API a provider speaks (ProviderCfg.Kind).
 const (
 	KindAnthropic = "anthropic"
@@ -21,6 +23,19 @@ const (
 	unmeteredRPM = 1_000_000
 	unmeteredTPM = 1_000_000_000
 )
+
+// meteringOf is how a provider of kind settles a call's tokens after
+// admission (keypool.Metering, the key pool's doc "Token metering"): OpenAI
+// and Azure OpenAI keep the prompt + max_tokens they charged at admission;
+// Anthropic and Bedrock adjust their max_tokens estimate to the real usage
+// at the end; a local server meters nothing, so usage is as good as any.
+func meteringOf(kind string) keypool.Metering {
+	switch kind {
+	case KindAnthropic, KindBedrock, KindLocal:
+		return keypool.MeterUsage
+	}
+	return keypool.MeterAdmission
+}
 
 func knownKind(k string) bool {
 	switch k {

@@ -57,8 +57,9 @@
 // (but within TPM) is admitted from a full bucket and leaves a debt, a
 // negative level that later requests wait out, as the providers do (a
 // 5,000-token call on a 1,000-token window: the next call waits 4 s).
-// Success charges or refunds the difference to the real usage, so a level
-// may go negative there too.
+// What happens to that charge after the call is the provider's business
+// (see "Token metering"); a charge above the estimate may take a level
+// negative there too.
 //
 // The provider's rate-limit headers correct the model after each call,
 // answer or error. A reported limit below the configured one becomes the
@@ -70,6 +71,53 @@
 // limit − reset·limit/1m now (a reset over a minute fits no per-minute
 // bucket and is ignored). These only ever lower a level, never raise it:
 // our model already counts calls the provider has not seen yet.
+//
+// # Token metering
+//
+// Token limits are charged the provider's way, not ours; a pool that
+// settles more generously than its provider believes in tokens the
+// provider still counts, and its next calls get 429s. Each key has a
+// Metering, which pkg/config derives from its provider's kind:
+//
+//   - OpenAI (MeterAdmission): the rate limit is calculated from
+//     max_tokens and the estimated tokens of the request, so a call counts
+//     prompt + max_tokens against TPM when it is admitted, and no refund of
+//     the unused part is documented ("Reduce the max_tokens to match the
+//     size of your completions", OpenAI rate limits guide,
+//     https://platform.openai.com/docs/guides/rate-limits). Its
+//     x-ratelimit-remaining-tokens says what is left.
+//   - Azure OpenAI (MeterAdmission): "TPM rate limits are based on the
+//     maximum number of tokens that are estimated to be processed by a
+//     request at the time the request is received", from the prompt,
+//     max_tokens and best_of; not the billed count (Azure OpenAI "Manage
+//     quota", learn.microsoft.com azure/ai-services/openai/how-to/quota).
+//   - Anthropic (MeterUsage): requests, input tokens and output tokens are
+//     limited separately, each a continuously refilled token bucket; the
+//     output count is estimated from max_tokens when a request starts and
+//     adjusted to the real output when it ends; the
+//     anthropic-ratelimit-{input,output}-tokens-* headers report each
+//     (https://platform.claude.com/docs/en/api/rate-limits). The pool keeps
+//     one token bucket per key (Key.TPM, input and output together): set
+//     tpm_limit to what the key's input and output limits allow together;
+//     the headers' tighter token bucket lowers it.
+//   - Bedrock (MeterUsage): a call reserves input + max_tokens of the
+//     tokens-per-minute quota at its start and is adjusted to its real
+//     usage at its end ("How tokens are counted in Amazon Bedrock", AWS
+//     Bedrock user guide, quotas-token-burndown; the 5x burndown of some
+//     Claude 4 models' output tokens is not modelled).
+//   - A local server (MeterUsage) meters nothing; its estimate settles to
+//     usage.
+//
+// So Acquire charges prompt + max_tokens on every key, and Success
+// settles it: a MeterUsage key to the real usage (refund or charge), a
+// MeterAdmission key only upwards (usage above the estimate is charged,
+// the unused max_tokens stays spent). Release (a call abandoned
+// mid-flight) refunds on MeterUsage only: an OpenAI call may have been
+// admitted. Return (never called) and the refunding failures give the
+// tokens back on every key. Whatever a settlement leaves, the provider's
+// headers then only ever lower it: the pool never holds more tokens than
+// the provider's x-ratelimit-remaining-tokens (or Anthropic's tightest
+// remaining) says are free.
 //
 // # Reservations
 //

@@ -119,6 +119,44 @@ type Key struct {
 	// the headroom of the others (an Azure PTU deployment: provisioned
 	// capacity is paid for whether used or not).
 	Preferred bool
+	// Metering is how the key's provider settles a call's tokens after
+	// admission (see the package doc, "Token metering"). The zero value,
+	// MeterAdmission, is the harsher one: what was charged at admission
+	// stays charged. pkg/config derives it from the provider's kind.
+	Metering Metering
+}
+
+// Metering is how a provider settles the tokens it charged when it
+// admitted a call (prompt plus max_tokens) once the call is over.
+type Metering int
+
+const (
+	// MeterAdmission: the admission charge stands. OpenAI counts
+	// max_tokens against TPM when it admits a call and documents no refund
+	// of the unused part; Azure OpenAI likewise rate-limits on the tokens
+	// estimated when the request is received (prompt, max_tokens, best_of),
+	// not on the billed count. A Success only charges usage above the
+	// estimate; a Release (the call may have been admitted) keeps the
+	// charge. The provider's x-ratelimit-remaining-tokens still lowers the
+	// bucket. The zero value.
+	MeterAdmission Metering = iota
+	// MeterUsage: the admission estimate is settled to the real usage,
+	// refunding the unused part of max_tokens. Anthropic estimates output
+	// tokens from max_tokens at the start of a request and adjusts to the
+	// real output at its end; Bedrock reserves input plus max_tokens at the
+	// start and adjusts to the real usage at the end. A local server meters
+	// nothing, so its estimate settles to usage too.
+	MeterUsage
+)
+
+func (m Metering) String() string {
+	switch m {
+	case MeterAdmission:
+		return "admission"
+	case MeterUsage:
+		return "usage"
+	}
+	return fmt.Sprintf("Metering(%d)", int(m))
 }
 
 // Route returns the key's (provider, tier).
@@ -242,6 +280,8 @@ func (c Config) Validate() error {
 			return fmt.Errorf("keypool: Config.Keys[%d] (%s).MaxInFlight must be >= 0, got %d", i, k.ID, k.MaxInFlight)
 		case k.Window < time.Millisecond || k.Window > time.Minute:
 			return fmt.Errorf("keypool: Config.Keys[%d] (%s).Window must be in [1ms, 1m], got %s", i, k.ID, k.Window)
+		case k.Metering != MeterAdmission && k.Metering != MeterUsage:
+			return fmt.Errorf("keypool: Config.Keys[%d] (%s).Metering must be MeterAdmission or MeterUsage, got %d", i, k.ID, int(k.Metering))
 		}
 		seen[k.ID] = true
 	}

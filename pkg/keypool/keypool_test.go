@@ -34,8 +34,16 @@ var (
 // output the pool produces.
 func secretOf(id string) string { return "sk-test-" + id + "-TOPSECRETVALUE" }
 
+// key is a test key. Claude keys settle to usage and OpenAI keys keep
+// their admission charge, as pkg/config sets them for those providers'
+// kinds.
 func key(id string, r llm.Route, rpm, tpm int) Key {
-	return Key{ID: id, Provider: r.Provider, Tier: r.Tier, Cred: llm.Credential{APIKey: secret.New(secretOf(id))}, RPM: rpm, TPM: tpm}
+	m := MeterAdmission
+	if r.Provider == llm.ProviderClaude {
+		m = MeterUsage
+	}
+	return Key{ID: id, Provider: r.Provider, Tier: r.Tier, Cred: llm.Credential{APIKey: secret.New(secretOf(id))}, RPM: rpm, TPM: tpm,
+		Metering: m}
 }
 
 type bundle struct {
@@ -612,6 +620,43 @@ func TestSettle(t *testing.T) {
 			require.ErrorIs(t, p.Success(ctx, l, llm.Usage{InputTokens: 1}, llm.RateLimit{}), ErrSettled)
 			require.NoError(t, p.Release(ctx, l), "Release after a settlement is a no-op")
 			require.InDelta(t, s.TokensAvailable, snap(t, p)[0].TokensAvailable, 5, "no second refund")
+		})
+	}
+
+	// An OpenAI key keeps what it was charged at admission: OpenAI counts
+	// max_tokens against TPM and refunds nothing. Were the pool to refund
+	// the unused max_tokens here, the "no refund" cases would find about
+	// 800 tokens more than the provider has.
+	admission := []struct {
+		name     string
+		settle   func(p *Pool, l *Lease) error
+		wantUsed float64
+	}{
+		{"no refund", func(p *Pool, l *Lease) error {
+			return p.Success(ctx, l, llm.Usage{InputTokens: 150, OutputTokens: 50}, llm.RateLimit{})
+		}, 1000},
+		{"charge above the estimate", func(p *Pool, l *Lease) error {
+			return p.Success(ctx, l, llm.Usage{InputTokens: 1000, OutputTokens: 500}, llm.RateLimit{})
+		}, 1500},
+		{"abandoned call keeps the charge", func(p *Pool, l *Lease) error { return p.Release(ctx, l) }, 1000},
+		{"call never made gives it back", func(p *Pool, l *Lease) error { return p.Return(ctx, l) }, 0},
+		{"refused call gives it back", func(p *Pool, l *Lease) error { return p.Failure(ctx, l, Refund, errors.New("boom")) }, 0},
+		{"headers lower the level below the charge", func(p *Pool, l *Lease) error {
+			return p.Success(ctx, l, llm.Usage{InputTokens: 150, OutputTokens: 50},
+				llm.RateLimit{Known: true, TokensLimit: tpm, TokensRemaining: 3000})
+		}, tpm - 3000},
+	}
+	for i, tt := range admission {
+		t.Run("admission/"+tt.name, func(t *testing.T) {
+			t.Parallel()
+			p, err := New(ctx, rdb, minuteBuckets(Config{Keys: []Key{key("o", mini, 600, tpm)}, Prefix: fmt.Sprintf("test:settle:adm:%d:", i)}), nil)
+			require.NoError(t, err)
+			require.Equal(t, MeterAdmission, p.cfg.Keys[0].Metering)
+			l := mustAcquire(t, p, mini, 1000)
+			require.NoError(t, tt.settle(p, l))
+			s := snap(t, p)[0]
+			require.InDelta(t, tpm-tt.wantUsed, s.TokensAvailable, 5)
+			require.Zero(t, s.InFlight)
 		})
 	}
 

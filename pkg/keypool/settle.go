@@ -83,21 +83,37 @@ type settleResult struct {
 	registered   bool
 }
 
-// Success settles a lease after a successful call: the token reservation is
-// corrected to usage.Total() (refund or charge; a zero usage means the
-// provider did not report it and the estimate stands), the key's
-// consecutive 429 count is reset, the in-flight slot is freed, and the
-// provider's rate-limit headers correct the key (see headerArgs). A
-// cooldown in progress is left to run out.
+// Success settles a lease after a successful call the way the key's
+// provider settles it (Key.Metering): with MeterUsage the token
+// reservation is corrected to usage.Total() (refund or charge); with
+// MeterAdmission only usage above the reservation is charged, and nothing
+// is refunded, since the provider keeps counting the max_tokens it admitted.
+// A zero usage means the provider did not report it and the estimate
+// stands. The key's consecutive 429 count is reset, the in-flight slot is
+// freed, and the provider's rate-limit headers correct the key (see
+// headerArgs): they only ever lower a level, so a refund never leaves more
+// tokens than the provider says are free.
 //
 // It returns ErrSettled if the lease was already settled.
 func (p *Pool) Success(ctx context.Context, l *Lease, usage llm.Usage, rl llm.RateLimit) error {
 	back := 0
-	if t := usage.Total(); t > 0 {
+	if t := usage.Total(); t > 0 && l != nil {
 		back = l.EstTokens - t
+		if back > 0 && p.metering(l) == MeterAdmission {
+			back = 0
+		}
 	}
 	_, err := p.settle(ctx, "success", l, true, settleArgs{tokensBack: back, rl: rl, op: opOK})
 	return err
+}
+
+// metering is how the key of l settles (MeterAdmission for an unknown key,
+// which settle then refuses anyway).
+func (p *Pool) metering(l *Lease) Metering {
+	if i, ok := p.byID[l.KeyID]; ok {
+		return p.cfg.Keys[i].Metering
+	}
+	return MeterAdmission
 }
 
 // Failure settles a lease after a failed call with action a (see Action).
@@ -160,10 +176,12 @@ func disableReason(pe *llm.Error) string {
 }
 
 // Release ends a lease whose call was abandoned before any answer (the
-// caller's context was cancelled mid-call): the tokens are refunded and the
-// in-flight slot freed; the request stays counted. Release after Success,
-// Failure or Return does nothing and returns nil. It runs even when ctx is
-// already cancelled.
+// caller's context was cancelled mid-call): the in-flight slot is freed and
+// the request stays counted. The tokens are refunded on a MeterUsage key
+// (nothing was generated); on a MeterAdmission key they stay charged, since
+// the provider may have admitted the call and does not refund. Release
+// after Success, Failure or Return does nothing and returns nil. It runs
+// even when ctx is already cancelled.
 func (p *Pool) Release(ctx context.Context, l *Lease) error {
 	if l == nil {
 		return errors.New("keypool: release: nil lease")
@@ -171,7 +189,11 @@ func (p *Pool) Release(ctx context.Context, l *Lease) error {
 	if l.settled.Load() {
 		return nil
 	}
-	_, err := p.settle(ctx, "release", l, false, settleArgs{tokensBack: l.EstTokens, op: opNone})
+	back := l.EstTokens
+	if p.metering(l) == MeterAdmission {
+		back = 0
+	}
+	_, err := p.settle(ctx, "release", l, false, settleArgs{tokensBack: back, op: opNone})
 	return err
 }
 

@@ -4,8 +4,10 @@ package llm
 // input (about four bytes per token, rounded up per piece of text, which
 // over- rather than under-counts) plus MaxTokens, the most the answer can
 // use. Providers meter output-token limits by max_tokens at admission too,
-// so reserving it is what keeps the pool from being told 429; the key pool
-// settles the difference with the real usage afterwards.
+// so reserving it is what keeps the pool from being told 429; afterwards
+// the key pool settles it the way the key's provider does (keypool
+// Metering: OpenAI and Azure keep the whole charge, Anthropic and Bedrock
+// adjust it to the real usage).
 func EstimateTokens(req *Request) int {
 	n := countText(req.System)
 	for _, m := range req.Messages {

@@ -280,6 +280,10 @@ func (anthropicWire) parse(body []byte) (*call, *apiError) {
 		model:       req.Model,
 		inputTokens: input,
 		reserve:     *req.MaxTokens,
+		// Anthropic estimates output from max_tokens at the start and
+		// adjusts to the real output at the end; Bedrock, which reuses
+		// this parse, reserves and adjusts the same way.
+		settle: true,
 		build: func(time.Time) (any, int) {
 			a := answerTo(c)
 			resp := anthropicResponse{
@@ -313,10 +317,12 @@ func containsString(list []string, s string) bool {
 	return false
 }
 
-// setRateHeaders writes anthropic-ratelimit-*. The mock has one token
-// bucket, so tokens-*, input-tokens-* and output-tokens-* all report it.
-// Resets are RFC 3339 times at which the bucket is full again, rounded up to
-// the second. An unlimited bucket sends no headers.
+// setRateHeaders writes anthropic-ratelimit-*: input-tokens-* and
+// output-tokens-* report the key's ITPM and OTPM buckets (each the TPM
+// bucket when the key has no such limit), tokens-* the most restrictive
+// token bucket in effect, as Anthropic's tokens-* do. Resets are RFC 3339
+// times at which the bucket is full again, rounded up to the second. An
+// unlimited bucket sends no headers.
 func (anthropicWire) setRateHeaders(h http.Header, s snapshot) {
 	set := func(name string, st state) {
 		if !st.limited {
@@ -330,10 +336,16 @@ func (anthropicWire) setRateHeaders(h http.Header, s snapshot) {
 		}
 		h.Set("anthropic-ratelimit-"+name+"-reset", reset.UTC().Format(time.RFC3339))
 	}
+	orTokens := func(st state) state {
+		if st.limited {
+			return st
+		}
+		return s.tokens
+	}
 	set("requests", s.requests)
-	set("tokens", s.tokens)
-	set("input-tokens", s.tokens)
-	set("output-tokens", s.tokens)
+	set("tokens", s.tightest())
+	set("input-tokens", orTokens(s.input))
+	set("output-tokens", orTokens(s.output))
 }
 
 type anthropicErrorBody struct {

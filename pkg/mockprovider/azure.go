@@ -272,7 +272,7 @@ func (a azureWire) writeRateLimit(w http.ResponseWriter, e *apiError) {
 			"more than the limit of %d tokens per minute: reduce the prompt or max_tokens. %s", op, e.requested, e.limit, azureQuotaLink)
 	default:
 		limit := "call"
-		if e.limitedBy == "tokens" {
+		if e.limitedBy != limitByRequests {
 			limit = "token"
 		}
 		secs := retryAfterSeconds(e.retryAfter)

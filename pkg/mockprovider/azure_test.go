@@ -56,7 +56,7 @@ func TestAzureChat(t *testing.T) {
 		"x-ratelimit-remaining-requests": "599",
 		"x-ratelimit-reset-requests":     "1", // 100 ms, in whole seconds
 		"x-ratelimit-limit-tokens":       "60000",
-		"x-ratelimit-remaining-tokens":   itoa(60000 - in - out),
+		"x-ratelimit-remaining-tokens":   itoa(60000 - in - 100), // prompt + max_tokens, no refund
 		"x-ratelimit-reset-tokens":       "1",
 		azureUtilizationHeader:           "",
 		"x-request-id":                   "",

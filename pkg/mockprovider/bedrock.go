@@ -305,7 +305,7 @@ func (w *bedrockWire) writeError(rw http.ResponseWriter, e *apiError, _ string) 
 		typ, status, msg, namespace = bedrockNoAuth, http.StatusForbidden, "Missing Authentication Token", "com.amazon.coral.service"
 	case errRateLimit, errTooLarge:
 		typ, status, msg = bedrockThrottling, http.StatusTooManyRequests, "Too many requests, please wait before trying again."
-		if e.limitedBy == "tokens" {
+		if e.limitedBy != limitByRequests {
 			msg = "Too many tokens, please wait before trying again."
 		}
 	case errOverloaded:

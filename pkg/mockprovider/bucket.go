@@ -164,10 +164,15 @@ func (m meter) give(n float64) {
 	m.minute.give(n)
 }
 
-// limiter is the request and token meters of one (endpoint, key).
+// limiter is the request and token meters of one (endpoint, key): the
+// combined token meter (TPM, input plus output) and, where a key sets them,
+// Anthropic's separate input and output meters (ITPM, OTPM). A nil bucket
+// is an unlimited one.
 type limiter struct {
 	requests meter
 	tokens   meter
+	input    meter
+	output   meter
 }
 
 // newLimiter builds full meters for l. The request window holds at least
@@ -177,62 +182,119 @@ func newLimiter(l Limits, window time.Duration, now time.Time) *limiter {
 	return &limiter{
 		requests: newMeter(l.RPM, window, 1, now),
 		tokens:   newMeter(l.TPM, window, 0, now),
+		input:    newMeter(l.ITPM, window, 0, now),
+		output:   newMeter(l.OTPM, window, 0, now),
 	}
 }
 
 // verdict is the outcome of an admission attempt.
 type verdict struct {
 	ok bool
-	// retryAfter is the time until both window buckets would admit the
+	// retryAfter is the time until every window bucket would admit the
 	// request, when !ok and the request can ever fit.
 	retryAfter time.Duration
-	// limitedBy names the bucket that refused: "requests" or "tokens" (the
-	// requests bucket when both do).
+	// limitedBy names the bucket that refused: one of the limitBy...
+	// names (the requests bucket when several do, then the one that
+	// waits longest).
 	limitedBy string
-	// tooLarge: the token cost exceeds the per-minute TPM itself, so no
+	// tooLarge: a token cost exceeds its per-minute limit itself, so no
 	// wait helps.
 	tooLarge bool
 }
 
-// admit charges one request and tokens tokens when both window buckets
-// admit them, and charges nothing otherwise.
-func (l *limiter) admit(now time.Time, tokens int) verdict {
-	l.requests.refill(now)
-	l.tokens.refill(now)
-	cost := float64(tokens)
-	if !l.tokens.minute.fits(cost) {
-		return verdict{limitedBy: "tokens", tooLarge: true}
+// The buckets a verdict names; Anthropic's messages quote them ("… of 8000
+// output tokens per minute").
+const (
+	limitByRequests = "requests"
+	limitByTokens   = "tokens"
+	limitByInput    = "input tokens"
+	limitByOutput   = "output tokens"
+)
+
+// admit charges one request, in+out tokens to the token meter, in to the
+// input meter and out to the output meter when every window bucket admits
+// them, and charges nothing otherwise. out is the output reserved at
+// admission (max_tokens), as every provider does.
+func (l *limiter) admit(now time.Time, in, out int) verdict {
+	l.refill(now)
+	charges := []struct {
+		m    meter
+		cost float64
+		by   string
+	}{
+		{l.tokens, float64(in + out), limitByTokens},
+		{l.input, float64(in), limitByInput},
+		{l.output, float64(out), limitByOutput},
 	}
-	wr, wt := l.requests.window.wait(1), l.tokens.window.wait(cost)
-	if wr > 0 || wt > 0 {
-		by := "tokens"
-		if wr > 0 {
-			by = "requests"
+	for _, c := range charges {
+		if !c.m.minute.fits(c.cost) {
+			return verdict{limitedBy: c.by, tooLarge: true}
 		}
-		return verdict{retryAfter: max(wr, wt), limitedBy: by}
+	}
+	v := verdict{}
+	if w := l.requests.window.wait(1); w > 0 {
+		v.retryAfter, v.limitedBy = w, limitByRequests
+	}
+	for _, c := range charges {
+		if w := c.m.window.wait(c.cost); w > v.retryAfter {
+			if v.limitedBy != limitByRequests {
+				v.limitedBy = c.by
+			}
+			v.retryAfter = w
+		}
+	}
+	if v.retryAfter > 0 {
+		return v
 	}
 	l.requests.take(1)
-	l.tokens.take(cost)
+	for _, c := range charges {
+		c.m.take(c.cost)
+	}
 	return verdict{ok: true}
 }
 
-// credit returns n unused tokens to the token meter.
-func (l *limiter) credit(now time.Time, n int) {
+func (l *limiter) refill(now time.Time) {
+	l.requests.refill(now)
 	l.tokens.refill(now)
+	l.input.refill(now)
+	l.output.refill(now)
+}
+
+// credit returns n unused output tokens (reserved at admission) to the
+// token and output meters: Anthropic's settlement of its max_tokens
+// estimate to the real output.
+func (l *limiter) credit(now time.Time, n int) {
+	l.refill(now)
 	l.tokens.give(float64(n))
+	l.output.give(float64(n))
 }
 
 // snapshot reads the per-minute view at now, which is what the headers
 // report.
 func (l *limiter) snapshot(now time.Time) snapshot {
-	l.requests.refill(now)
-	l.tokens.refill(now)
-	return snapshot{now: now, requests: l.requests.minute.state(), tokens: l.tokens.minute.state()}
+	l.refill(now)
+	return snapshot{now: now, requests: l.requests.minute.state(), tokens: l.tokens.minute.state(),
+		input: l.input.minute.state(), output: l.output.minute.state()}
 }
 
 // snapshot is the state the rate-limit headers of one response report.
 type snapshot struct {
 	now      time.Time
 	requests state
-	tokens   state
+	tokens   state // combined input + output (TPM)
+	input    state // input tokens (ITPM)
+	output   state // output tokens (OTPM)
+}
+
+// tightest is the token state Anthropic's anthropic-ratelimit-tokens-*
+// report, "the most restrictive limit currently in effect": the one of the
+// limited token states with the fewest remaining.
+func (s snapshot) tightest() state {
+	var best state
+	for _, st := range []state{s.tokens, s.input, s.output} {
+		if st.limited && (!best.limited || st.remaining < best.remaining) {
+			best = st
+		}
+	}
+	return best
 }

@@ -67,15 +67,38 @@
 //     refilled at limit/60 per second. A 120-RPM key takes 2 calls at once,
 //     then one every 500 ms. Window = time.Minute gives whole-minute
 //     buckets (burst = RPM), which no provider promises.
-//   - Output is reserved from max_tokens at admission and settled after the
-//     answer. Anthropic estimates output tokens from max_tokens at the
-//     start of a request and adjusts the estimate to the real output at the
-//     end (same page); OpenAI estimates usage from max_tokens (help article
-//     above). The mock charges 1 request and input_tokens + max_tokens
-//     tokens at admission (OpenAI without max_tokens:
-//     OpenAIMaxTokensDefault) and credits max_tokens minus the output
-//     tokens back after the answer. It keeps one token bucket per key,
-//     where Anthropic has separate input and output limits.
+//   - Tokens are charged the way each provider documents it. At
+//     admission every call costs 1 request and input_tokens + max_tokens
+//     tokens (OpenAI without max_tokens: OpenAIMaxTokensDefault). What
+//     happens after the answer differs:
+//     OpenAI: "your rate limit is calculated as the maximum of max_tokens
+//     and the estimated number of tokens based on the character count of
+//     your request" (OpenAI rate limits guide,
+//     https://platform.openai.com/docs/guides/rate-limits, "Reduce the
+//     max_tokens to match the size of your completions"); no refund of the
+//     unused part is documented, and x-ratelimit-remaining-tokens reports
+//     what is left. Azure OpenAI: "TPM rate limits are based on the
+//     maximum number of tokens that are estimated to be processed by a
+//     request at the time the request is received … not the same as the
+//     token count used for billing" — prompt text and count, max_tokens,
+//     best_of (Azure OpenAI "Manage quota", how-to/quota). So on the chat
+//     and Azure endpoints the admission charge stands, also when the client
+//     gives up mid-call (Config.RefundOpenAI gives the unused part back
+//     instead, for comparison).
+//     Anthropic: input and output tokens are limited separately (ITPM,
+//     OTPM), and the output count is estimated from max_tokens when a
+//     request starts and adjusted to the output actually produced when it
+//     ends (rate-limits page above, as the design document reads it). Bedrock
+//     reserves input + max_tokens of the tokens-per-minute quota at the
+//     start of a request and adjusts to the real usage at its end ("How
+//     tokens are counted in Amazon Bedrock", bedrock/latest/userguide/
+//     quotas-token-burndown; its 5x output burndown for some Claude 4
+//     models is not modelled). So on the Messages and Bedrock endpoints
+//     the unused part of max_tokens (all of it when the client gives up)
+//     goes back after the answer. A key's Limits.TPM meters input and
+//     output together; Limits.ITPM and OTPM, when set, meter them apart
+//     on the Messages endpoint (the other APIs have no such split),
+//     input_tokens against ITPM and max_tokens against OTPM at admission.
 //   - Limits apply per model on both providers; the mock limits each
 //     endpoint separately.
 //   - A request costing more tokens than the window holds but no more than
@@ -103,8 +126,10 @@
 // bucket. Remaining may therefore say 118 while a third call in the same
 // second gets 429 at 120 RPM. That is the real behaviour, and why a client
 // that paces by remaining alone is not enough. Every answer to an
-// authenticated request, 200 or not, carries the key's headers (the single
-// token bucket is reported under all three Anthropic token names).
+// authenticated request, 200 or not, carries the key's headers. Anthropic's
+// input-tokens-* and output-tokens-* report the ITPM and OTPM buckets (the
+// TPM bucket where a key has no such limit), tokens-* the most restrictive
+// token bucket in effect.
 // Remaining counts are exact, not rounded. An unlimited limit sends no
 // headers. Request ids go in request-id (Anthropic) and x-request-id
 // (OpenAI).

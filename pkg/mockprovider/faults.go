@@ -213,7 +213,7 @@ func faultKind(f Fault) *apiError {
 		if ra == 0 {
 			ra = FaultRetryAfterDefault
 		}
-		return &apiError{kind: errRateLimit, retryAfter: ra, limitedBy: "requests"}
+		return &apiError{kind: errRateLimit, retryAfter: ra, limitedBy: limitByRequests}
 	case FaultOverloaded:
 		return &apiError{kind: errOverloaded, retryAfter: f.RetryAfter}
 	case FaultServerError:

@@ -73,7 +73,7 @@ func (openAIBase) writeError(w http.ResponseWriter, e *apiError, _ string) {
 	d := openAIErrorDetail{}
 	status := http.StatusBadRequest
 	perMin := func() string {
-		if e.limitedBy == "tokens" {
+		if e.limitedBy != limitByRequests {
 			return "tokens per min (TPM)"
 		}
 		return "requests per min (RPM)"

@@ -64,8 +64,9 @@ func TestChatResponseShape(t *testing.T) {
 		"x-ratelimit-remaining-requests": "599",
 		"x-ratelimit-reset-requests":     "100ms", // 1 request at 10/s
 		"x-ratelimit-limit-tokens":       "60000",
-		"x-ratelimit-remaining-tokens":   itoa(60000 - in - out),
-		"x-ratelimit-reset-tokens":       formatOpenAIDuration(msFor(in+out, 1000)),
+		// OpenAI keeps the admission charge, prompt + max_tokens: no refund.
+		"x-ratelimit-remaining-tokens": itoa(60000 - in - 100),
+		"x-ratelimit-reset-tokens":     formatOpenAIDuration(msFor(in+100, 1000)),
 	}
 	for name, want := range wantHeaders {
 		if got := r.header.Get(name); got != want {

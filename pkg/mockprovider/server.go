@@ -46,11 +46,22 @@ type Limits struct {
 	// Window/1m requests (at least 1) and refills RPM/60 per second,
 	// continuously; the headers report RPM as the limit.
 	RPM int `json:"rpm"`
-	// TPM is tokens per minute. The token bucket holds TPM × Window/1m
-	// tokens and refills TPM/60 per second. A request costs input_tokens +
-	// max_tokens at admission; the unused part of max_tokens is credited
-	// back after the answer. A request above TPM itself never passes.
+	// TPM is tokens per minute, input and output together. The token
+	// bucket holds TPM × Window/1m tokens and refills TPM/60 per second. A
+	// request costs input_tokens + max_tokens at admission; after the
+	// answer an Anthropic or Bedrock call gets the unused part of
+	// max_tokens back, an OpenAI or Azure call does not (unless
+	// Config.RefundOpenAI). A request above TPM itself never passes.
 	TPM int `json:"tpm"`
+	// ITPM and OTPM are Anthropic's separate input and output tokens per
+	// minute, metered like TPM: input_tokens charge the input bucket,
+	// max_tokens the output bucket at admission, and the output bucket
+	// gets the unused part of max_tokens back after the answer. 0: no such
+	// limit. They apply on the Messages endpoint only (the other APIs
+	// have no such split), whose headers report them as input-tokens-*
+	// and output-tokens-*.
+	ITPM int `json:"itpm"`
+	OTPM int `json:"otpm"`
 	// MaxConcurrent is a local model server's parallel slots (Ollama's
 	// OLLAMA_NUM_PARALLEL plus its queue, llama.cpp's --parallel): a
 	// request beyond it is refused at once with 503 and Ollama's "server
@@ -93,6 +104,11 @@ type Config struct {
 	// AzurePTUDeployments are the Azure deployments served as provisioned
 	// throughput (PTU): their 429 and headers are a PTU's (see azure.go).
 	AzurePTUDeployments []string
+	// RefundOpenAI credits the unused part of max_tokens back after an
+	// OpenAI or Azure answer, as Anthropic does. Default false: OpenAI
+	// counts max_tokens at admission and documents no refund (see the
+	// package doc, "Rate limits"), and the mock is the harsher provider.
+	RefundOpenAI bool
 }
 
 func (c *Config) withDefaults() {
@@ -144,6 +160,9 @@ func (l Limits) validate(field string) error {
 	if l.TPM < 0 {
 		return fmt.Errorf("mockprovider: %s.TPM %d: want >= 0 (0 = unlimited)", field, l.TPM)
 	}
+	if l.ITPM < 0 || l.OTPM < 0 {
+		return fmt.Errorf("mockprovider: %s.ITPM %d, OTPM %d: want >= 0 (0 = unlimited)", field, l.ITPM, l.OTPM)
+	}
 	return nil
 }
 
@@ -178,6 +197,8 @@ type Server struct {
 	keyLimits     map[string]Limits // by fingerprint; read-only after New
 
 	azurePTU map[string]bool // Config.AzurePTUDeployments; read-only after New
+	// refundOpenAI is Config.RefundOpenAI; read-only after New.
+	refundOpenAI bool
 
 	closeOnce sync.Once
 	closed    chan struct{} // closed by Close: releases hanging requests
@@ -208,6 +229,7 @@ func New(cfg Config) (*Server, error) {
 		book:          newBook(),
 		flights:       newFlights(),
 		azurePTU:      azurePTUSet(cfg.AzurePTUDeployments),
+		refundOpenAI:  cfg.RefundOpenAI,
 	}
 	for key, l := range cfg.Keys {
 		s.keyLimits[Fingerprint(key)] = l
@@ -275,6 +297,10 @@ func (s *Server) limiter(k limiterKey, now time.Time) *limiter {
 		if !ok {
 			lim = s.defaultLimits
 		}
+		if k.endpoint != (anthropicWire{}).endpoint() {
+			// Only Anthropic's Messages API meters input and output apart.
+			lim.ITPM, lim.OTPM = 0, 0
+		}
 		l = newLimiter(lim, s.window, now)
 		s.limiters[k] = l
 	}
@@ -319,9 +345,13 @@ func invalid(format string, a ...any) *apiError {
 type call struct {
 	model       string
 	inputTokens int
-	// reserve is the output charged at admission (max_tokens), credited
-	// back in part after the answer; 0 for embeddings.
+	// reserve is the output charged at admission (max_tokens); 0 for
+	// embeddings.
 	reserve int
+	// settle: after the answer the unused part of reserve goes back
+	// (Anthropic, Bedrock), else the admission charge stands (OpenAI,
+	// Azure, unless Config.RefundOpenAI).
+	settle bool
 	// embeddingInputs is the number of vectors asked for (embeddings only).
 	embeddingInputs int
 	// build computes the answer body and its output tokens.
@@ -428,9 +458,12 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, wr wire) {
 
 	if !s.sleep(r, s.delay()) {
 		// The client gave up before the answer: nothing was generated, so
-		// the whole output reservation goes back.
+		// a provider that settles to usage gives the whole output
+		// reservation back.
 		s.mu.Lock()
-		lim.credit(s.now(), cl.reserve)
+		if s.settles(cl) {
+			lim.credit(s.now(), cl.reserve)
+		}
 		s.book.record(p, fp, func(c *Counters) { c.Requests++ })
 		s.mu.Unlock()
 		return
@@ -451,7 +484,7 @@ func (s *Server) admit(w http.ResponseWriter, wr wire, reqID string, lk limiterK
 	}
 	now := s.now()
 	lim := s.limiter(lk, now)
-	v := lim.admit(now, cost)
+	v := lim.admit(now, cl.inputTokens, cl.reserve)
 	if v.ok {
 		s.flights.enter(p, lk.fp)
 		s.mu.Unlock()
@@ -461,7 +494,7 @@ func (s *Server) admit(w http.ResponseWriter, wr wire, reqID string, lk limiterK
 	snap := lim.snapshot(now)
 	s.mu.Unlock()
 	wr.setRateHeaders(w.Header(), snap)
-	wr.writeError(w, refusal(v, snap, cost, cl.model), reqID)
+	wr.writeError(w, refusal(v, snap, cost, cl.reserve, cl.model), reqID)
 	return nil, false
 }
 
@@ -482,12 +515,16 @@ func (s *Server) busy(fp string) bool {
 // refusal is the 429 for a verdict. Its limit and usage figures come from
 // the per-minute view, as the providers' messages quote them ("Limit 120,
 // Used 2, Requested 1") even when the short window refused.
-func refusal(v verdict, snap snapshot, cost int, model string) *apiError {
+func refusal(v verdict, snap snapshot, cost, reserve int, model string) *apiError {
 	e := &apiError{kind: errRateLimit, retryAfter: v.retryAfter, limitedBy: v.limitedBy, requested: 1, model: model}
 	st := snap.requests
-	if v.limitedBy == "tokens" {
-		st = snap.tokens
-		e.requested = cost
+	switch v.limitedBy {
+	case limitByTokens:
+		st, e.requested = snap.tokens, cost
+	case limitByInput:
+		st, e.requested = snap.input, cost-reserve
+	case limitByOutput:
+		st, e.requested = snap.output, reserve
 	}
 	e.limit, e.used = st.limit, st.limit-st.remaining
 	if v.tooLarge {
@@ -496,13 +533,15 @@ func refusal(v verdict, snap snapshot, cost int, model string) *apiError {
 	return e
 }
 
-// answer writes the 200 for an admitted call and credits back the unused
-// output reservation.
+// answer writes the 200 for an admitted call and, where the provider
+// settles to usage, credits back the unused output reservation.
 func (s *Server) answer(w http.ResponseWriter, wr wire, lk limiterKey, lim *limiter, cl *call) {
 	s.mu.Lock()
 	now := s.now()
 	resp, out := cl.build(now)
-	lim.credit(now, max(0, cl.reserve-out))
+	if s.settles(cl) {
+		lim.credit(now, max(0, cl.reserve-out))
+	}
 	s.book.record(wr.provider(), lk.fp, func(c *Counters) {
 		c.Requests++
 		c.OK++
@@ -518,6 +557,11 @@ func (s *Server) answer(w http.ResponseWriter, wr wire, lk limiterKey, lim *limi
 	wr.setRateHeaders(w.Header(), snap)
 	writeJSON(w, http.StatusOK, resp)
 }
+
+// settles reports whether cl's unused output reservation goes back after
+// the call: Anthropic's and Bedrock's way, or OpenAI's when
+// Config.RefundOpenAI asks for it.
+func (s *Server) settles(cl *call) bool { return cl.settle || s.refundOpenAI }
 
 // land counts an admitted call out of flight.
 func (s *Server) land(p provider, fp string) {

@@ -28,7 +28,8 @@
 //     processes apply the migrations at start-up (goose, under an
 //     advisory lock);
 //  3. the mock provider with every key at 120 RPM and a TPM far above the
-//     load (MockTPM), its latency set by the scenario, and -window 1s when
+//     load (MockTPM; S4-tpm's 90,000 binds instead), its latency set by
+//     the scenario, and -window 1s when
 //     the binary offers that flag (the design's one-second enforcement
 //     window; without the flag the mock meters as it always has);
 //  4. one api and two worker processes sharing a generated config.yaml

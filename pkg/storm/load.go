@@ -450,7 +450,7 @@ func (d *driver) chat(ctx context.Context, i int) outcome {
 	prompt := d.prompts[i]
 	o := outcome{sent: true, sentAt: time.Now(), prio: d.sc.priorityOf(i)}
 	model, layer := d.sc.ask(i)
-	body := map[string]any{"model": model, "max_tokens": MaxTokens, "messages": messages(prompt)}
+	body := map[string]any{"model": model, "max_tokens": d.sc.maxTokens(), "messages": messages(prompt)}
 	hdr := map[string]string{"X-Bulwark-Priority": o.prio}
 	if layer != "" {
 		hdr["X-Bulwark-Cache-Layer"] = layer
@@ -574,7 +574,7 @@ func (d *driver) async(ctx context.Context, i int) outcome {
 	prio := d.sc.priorityOf(i)
 	o := outcome{sent: true, sentAt: time.Now(), prio: prio, critical: prio == "critical"}
 	body := map[string]any{"provider": "openai", "model_tier": "gpt4o-mini", "priority": prio,
-		"max_tokens": MaxTokens, "messages": messages(prompt)}
+		"max_tokens": d.sc.maxTokens(), "messages": messages(prompt)}
 	hdr := map[string]string{"Accept-Language": "en"}
 	var v requestView
 	for {

@@ -34,7 +34,9 @@ type Result struct {
 	// percentile of their arrival times (steadyRate): the scale bench's
 	// throughput.
 	SteadyRate float64
-	// Goodput is Answered ÷ (Wall seconds × the keys' requests per second);
+	// Goodput is Answered ÷ (Wall seconds × the keys' requests per second,
+	// or the requests per second their token limits allow when those bind,
+	// as in S4-tpm);
 	// in S3-mixed the answers of the cloud routes ÷ (Wall seconds × their
 	// keys' requests per second, MixedCloudCapacity).
 	Goodput float64

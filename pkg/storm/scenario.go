@@ -3,8 +3,11 @@ package storm
 import (
 	"cmp"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
+
+	"bulwark/pkg/mockprovider"
 )
 
 // The mock provider's limits and Bulwark's matching key configuration.
@@ -30,9 +33,33 @@ func (s Scenario) keys() int { return cmp.Or(s.PoolKeys, Keys) }
 // keyRPM is each key's requests per minute: PoolRPM, or KeyRPM.
 func (s Scenario) keyRPM() int { return cmp.Or(s.PoolRPM, KeyRPM) }
 
+// keyTPM is each key's tokens per minute: PoolTPM, or MockTPM.
+func (s Scenario) keyTPM() int { return cmp.Or(s.PoolTPM, MockTPM) }
+
+// maxTokens is the max_tokens every request sends: MaxTokens unless the
+// scenario sets its own.
+func (s Scenario) maxTokens() int { return cmp.Or(s.MaxTokens, MaxTokens) }
+
 // capacity is what the scenario's keys on the asked route can serve, in
-// requests per second (Capacity() unless PoolKeys or PoolRPM is set).
-func (s Scenario) capacity() float64 { return float64(s.keys()*s.keyRPM()) / 60 }
+// requests per second: the request limit (Capacity() unless PoolKeys or
+// PoolRPM is set) or, when it binds, the token limit — each call costing
+// what the mock charges at admission, the prompt's tokens plus
+// max_tokens, none of it given back (OpenAI's way).
+func (s Scenario) capacity() float64 {
+	req := float64(s.keys()*s.keyRPM()) / 60
+	return min(req, float64(s.keys()*s.keyTPM())/60/s.callTokens())
+}
+
+// callTokens is the mean token charge of one call at the mock: the
+// prompt's tokens as the mock counts them plus max_tokens.
+func (s Scenario) callTokens() float64 {
+	ps := s.prompts()
+	sum := 0
+	for _, p := range ps {
+		sum += mockprovider.CountTokens(p)
+	}
+	return float64(sum)/float64(max(len(ps), 1)) + float64(s.maxTokens())
+}
 
 // stormKeyID and stormKey are the id and the API key of the i-th (from
 // 0) OpenAI key.
@@ -104,6 +131,12 @@ type Scenario struct {
 	// which times each call, and after the load history's rows give each
 	// request's acceptance and start (Result.Fleet).
 	Fleet bool
+	// PoolTPM, when > 0, replaces MockTPM: each OpenAI key's tokens per
+	// minute, in the pool and at the mock.
+	PoolTPM int
+	// MaxTokens, when > 0, is the max_tokens every request sends instead
+	// of the package's MaxTokens.
+	MaxTokens int
 	// Limit is the hard time limit of the load: at Limit after the first
 	// send the clients are cancelled and the result says what arrived.
 	Limit time.Duration
@@ -170,6 +203,22 @@ func AutoLimit(n int) time.Duration {
 // ScenarioNames lists the scenarios in the order the command runs them.
 var ScenarioNames = []string{"S1", "S1-slow", "S1-slow-async", "S2", "S1-fallback", "S3-mixed", "F1-fleet-async", "F1-fleet-compat"}
 
+// ExtraScenarios can be named with -scenarios but are not run by default
+// (the default run already fills its time budget).
+var ExtraScenarios = []string{TPMScenario}
+
+// TPMScenario is the token-bound storm (issue 25): 4 OpenAI keys of
+// TPMKeyTPM tokens per minute, every request asking max_tokens
+// TPMMaxTokens, so that tokens, not requests, limit the keys. The mock
+// keeps the whole admission charge (OpenAI documents no refund), so a pool
+// that gives the unused max_tokens back believes in tokens the provider
+// still counts, and gets 429s.
+const (
+	TPMScenario  = "S4-tpm"
+	TPMKeyTPM    = 90_000
+	TPMMaxTokens = 1000
+)
+
 // NewScenario returns the named scenario for n requests from clients
 // clients; limit 0 means AutoLimit(n) (MixedAutoLimit(n) for S3-mixed).
 func NewScenario(name string, n, clients int, limit time.Duration) (Scenario, error) {
@@ -207,6 +256,12 @@ func NewScenario(name string, n, clients int, limit time.Duration) (Scenario, er
 		s.Cache = true
 		s.HotPrompts = 10
 		s.Targets = Targets{AllAnswered: true, MaxCallsPerRequest: 1.02, NoBreakerOpenings: true, CallsEqualDistinct: true}
+	case TPMScenario:
+		fast()
+		s.PoolTPM, s.MaxTokens = TPMKeyTPM, TPMMaxTokens
+		if auto {
+			s.Limit = time.Duration(float64(n)/s.capacity()*float64(time.Second)) + 12*time.Second
+		}
 	case "S3-mixed":
 		fast()
 		s.Mixed = true
@@ -231,7 +286,8 @@ func NewScenario(name string, n, clients int, limit time.Duration) (Scenario, er
 			s.Targets.MaxETAErrP50, s.Targets.MaxETAErrP95 = 0.25, 0.5
 		}
 	default:
-		return Scenario{}, fmt.Errorf("storm: unknown scenario %q (want one of %s)", name, strings.Join(ScenarioNames, ", "))
+		return Scenario{}, fmt.Errorf("storm: unknown scenario %q (want one of %s)", name,
+			strings.Join(append(slices.Clone(ScenarioNames), ExtraScenarios...), ", "))
 	}
 	return s, nil
 }

@@ -63,10 +63,37 @@ func TestStormBench(t *testing.T) {
 	}
 }
 
+// S4-tpm is bound by tokens: 4 keys × 90,000 TPM at about 1,025 tokens a
+// call (prompt + max_tokens 1,000) serve about 5.9 requests a second, below
+// the 8 a second their RPM allows; its keys carry that TPM.
+func TestTPMScenario(t *testing.T) {
+	t.Parallel()
+	sc, err := NewScenario(TPMScenario, 300, 50, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := sc.capacity(); c < 5.7 || c > 5.9 || c >= float64(Keys*KeyRPM)/60 {
+		t.Errorf("capacity %.3f requests/s, want about 5.85 (tokens binding)", c)
+	}
+	if sc.maxTokens() != 1000 || sc.Targets.MaxCallsPerRequest != 1.02 || sc.Targets.MinGoodput != 0.95 {
+		t.Errorf("scenario %+v", sc)
+	}
+	cfg, err := config.Parse([]byte(configYAML(sc, 1, serverYAML("127.0.0.1:2"), "postgres://x@127.0.0.1:3/y", "http://127.0.0.1:4")),
+		func(string) (string, bool) { return "", false })
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range cfg.Keys {
+		if k.TPMLimit != TPMKeyTPM {
+			t.Errorf("key %s tpm_limit %d, want %d", k.ID, k.TPMLimit, TPMKeyTPM)
+		}
+	}
+}
+
 // The generated configuration is what the processes accept.
 func TestConfigParses(t *testing.T) {
 	t.Parallel()
-	for _, name := range ScenarioNames {
+	for _, name := range append(slices.Clone(ScenarioNames), ExtraScenarios...) {
 		sc, err := NewScenario(name, 400, 50, 0)
 		if err != nil {
 			t.Fatal(err)

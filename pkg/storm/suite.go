@@ -75,6 +75,13 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			break
 		}
 	}
+	for _, sc := range scenarios {
+		if sc.PoolTPM > 0 {
+			printf(stdout, "storm: %s: %d keys x %d TPM, max_tokens %d, about %.0f tokens a call (prompt + max_tokens, kept at admission)"+
+				" = %.2f requests/s of token capacity (RPM allows %.0f)\n",
+				sc.Name, sc.keys(), sc.keyTPM(), sc.maxTokens(), sc.callTokens(), sc.capacity(), float64(sc.keys()*sc.keyRPM())/60)
+		}
+	}
 	env := Env{Bins: bins, PGAdminDSN: PGAdminDSN(), KeepDir: *keep, EstimatesDir: *estimates}
 	deadline := time.Now().Add(*budget)
 	var misses []string

@@ -245,7 +245,7 @@ func startSystemWith(ctx context.Context, env Env, sc Scenario, client *http.Cli
 		}
 	} else {
 		mockArgs := []string{"-addr", "127.0.0.1:" + strconv.Itoa(ports[1]), "-rpm", strconv.Itoa(sc.keyRPM()),
-			"-tpm", strconv.Itoa(MockTPM), "-latency", sc.Latency.String(), "-jitter", sc.Jitter.String()}
+			"-tpm", strconv.Itoa(sc.keyTPM()), "-latency", sc.Latency.String(), "-jitter", sc.Jitter.String()}
 		if env.Bins.MockWindow {
 			mockArgs = append(mockArgs, "-window", cmp.Or(sc.MockWindow, time.Second).String())
 		}
@@ -509,12 +509,12 @@ func configYAML(sc Scenario, apiPort int, redisSection, dsn, mockURL string) str
 	var keys strings.Builder
 	for i := range sc.keys() {
 		fmt.Fprintf(&keys, "  - {id: %s, provider: openai, model_tier: gpt4o-mini, api_key: %q, rpm_limit: %d, tpm_limit: %d}\n",
-			stormKeyID(i), stormKey(i), sc.keyRPM(), MockTPM)
+			stormKeyID(i), stormKey(i), sc.keyRPM(), sc.keyTPM())
 	}
 	if sc.FailPrimary || sc.FallbackKeys {
 		for i := range sc.keys() {
 			fmt.Fprintf(&keys, "  - {id: claude-haiku-%d, provider: claude, model_tier: haiku, api_key: \"storm-claude-key-%d\", rpm_limit: %d, tpm_limit: %d}\n",
-				i+1, i+1, sc.keyRPM(), MockTPM)
+				i+1, i+1, sc.keyRPM(), sc.keyTPM())
 		}
 	}
 	workerExtra := "" // the configuration's default concurrency

@@ -3,8 +3,9 @@
 //
 //	go run ./scripts/mockprovider -addr 127.0.0.1:8090 -rpm 600 -tpm 200000 -window 1s -latency 300ms
 //
-// Each flag falls back to an environment variable: BULWARK_MOCK_ADDR,
-// BULWARK_MOCK_RPM, BULWARK_MOCK_TPM, BULWARK_MOCK_WINDOW,
+// Each flag but -refund-openai falls back to an environment variable:
+// BULWARK_MOCK_ADDR, BULWARK_MOCK_RPM, BULWARK_MOCK_TPM, BULWARK_MOCK_ITPM,
+// BULWARK_MOCK_OTPM, BULWARK_MOCK_WINDOW,
 // BULWARK_MOCK_LATENCY, BULWARK_MOCK_JITTER. -window is the enforcement
 // window of the limits (mockprovider.Config.Window): with the default 1s a
 // 600-RPM key takes 10 calls at once, as the real providers quantize; 1m
@@ -43,6 +44,12 @@ func run(log *slog.Logger) error {
 	addr := flag.String("addr", envString("BULWARK_MOCK_ADDR", "127.0.0.1:8090"), "listen address (env BULWARK_MOCK_ADDR)")
 	flag.IntVar(&cfg.DefaultLimits.RPM, "rpm", envInt("BULWARK_MOCK_RPM", 600), "requests per minute per key, 0 = unlimited (env BULWARK_MOCK_RPM)")
 	flag.IntVar(&cfg.DefaultLimits.TPM, "tpm", envInt("BULWARK_MOCK_TPM", 200000), "tokens per minute per key, 0 = unlimited (env BULWARK_MOCK_TPM)")
+	flag.IntVar(&cfg.DefaultLimits.ITPM, "itpm", envInt("BULWARK_MOCK_ITPM", 0),
+		"Anthropic input tokens per minute per key, 0 = none (env BULWARK_MOCK_ITPM)")
+	flag.IntVar(&cfg.DefaultLimits.OTPM, "otpm", envInt("BULWARK_MOCK_OTPM", 0),
+		"Anthropic output tokens per minute per key, max_tokens charged at admission, 0 = none (env BULWARK_MOCK_OTPM)")
+	flag.BoolVar(&cfg.RefundOpenAI, "refund-openai", false,
+		"give the unused max_tokens back after an OpenAI/Azure answer (OpenAI documents no refund; default off)")
 	flag.DurationVar(&cfg.Window, "window", envDuration("BULWARK_MOCK_WINDOW", mockprovider.WindowDefault),
 		"enforcement window of the limits, at most 1m: buckets hold rpm×window/1m (env BULWARK_MOCK_WINDOW)")
 	flag.DurationVar(&cfg.Latency, "latency", envDuration("BULWARK_MOCK_LATENCY", 300*time.Millisecond), "latency before each answer (env BULWARK_MOCK_LATENCY)")
@@ -61,6 +68,7 @@ func run(log *slog.Logger) error {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.ListenAndServe() }()
 	log.Info("mock provider listening", "addr", *addr, "rpm", cfg.DefaultLimits.RPM, "tpm", cfg.DefaultLimits.TPM,
+		"itpm", cfg.DefaultLimits.ITPM, "otpm", cfg.DefaultLimits.OTPM, "refund_openai", cfg.RefundOpenAI,
 		"window", cfg.Window, "latency", cfg.Latency, "jitter", cfg.LatencyJitter)
 
 	select {

@@ -41,8 +41,9 @@ func (f fixedWriter) Write(p []byte) (int, error) {
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	providertest.Run(t, providertest.Harness{
-		Provider:   ProviderDefault,
-		ConfigName: "azure",
+		Provider:             ProviderDefault,
+		ConfigName:           "azure",
+		KeepsAdmissionCharge: true,
 		Constructor: providertest.ConstructorOf(func(c providertest.Config) Config {
 			return Config{BaseURL: c.BaseURL, Timeout: c.Timeout}
 		}, New),

@@ -19,8 +19,9 @@ const created = 1767225600
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	providertest.Run(t, providertest.Harness{
-		Provider:   llm.ProviderOpenAI,
-		ConfigName: "openai",
+		Provider:             llm.ProviderOpenAI,
+		ConfigName:           "openai",
+		KeepsAdmissionCharge: true,
 		Constructor: providertest.ConstructorOf(func(c providertest.Config) Config {
 			return Config{BaseURL: c.BaseURL, Timeout: c.Timeout}
 		}, New),

@@ -59,6 +59,9 @@ func (h *Harness) testMock(t *testing.T) {
 		}
 		rl := res.RateLimit
 		used := got.Usage.InputTokens + got.Usage.OutputTokens
+		if h.KeepsAdmissionCharge {
+			used = got.Usage.InputTokens + 256 // max_tokens, kept after the answer
+		}
 		if !h.RateLimit.Want.Known {
 			// The provider sends no rate-limit headers, nor does the mock
 			// in its shape.

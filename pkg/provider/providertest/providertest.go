@@ -98,6 +98,12 @@ type Harness struct {
 	Model string
 	// Wire is the adapter's translation.
 	Wire Wire
+	// KeepsAdmissionCharge says the provider keeps the prompt + max_tokens
+	// it charged a call at admission, as OpenAI and Azure OpenAI document
+	// (no refund of the unused max_tokens); the mock then reports the
+	// remaining tokens less max_tokens, not less the output. False for
+	// providers that settle to the real usage (Anthropic, Bedrock).
+	KeepsAdmissionCharge bool
 	// RateLimit is what the client reads from the headers of a 200. A
 	// provider that sends no rate-limit headers wants a zero (unknown)
 	// RateLimit, Header then holding headers that must not be read.
