@@ -109,7 +109,7 @@ type system struct {
 }
 
 // options changes what startSystemWith starts; the zero value is the
-// storm benchmark's system (startSystem).
+// storm benchmark's system.
 type options struct {
 	// APIs is the number of api processes, each on a port of its own
 	// (api, api-2, …). Default 1.
@@ -145,15 +145,10 @@ const providerURLVar = "BULWARK_STORM_PROVIDER_URL"
 // of its own (startAPI); the first listens on the configured one.
 const apiListenVar = "BULWARK_STORM_API_LISTEN"
 
-// startSystem starts Redis, the database, the mock, the api processes
-// and the workers for sc (one api and two workers unless sc says
-// otherwise) and waits until all are ready. On error everything started
-// is stopped again; the error carries the logs' last lines.
-func startSystem(ctx context.Context, env Env, sc Scenario, client *http.Client) (s *system, err error) {
-	return startSystemWith(ctx, env, sc, client, options{APIs: sc.APIs, Workers: sc.Workers})
-}
-
-// startSystemWith is startSystem with o's changes.
+// startSystemWith starts Redis, the database, the mock, the api processes
+// and the workers for sc, with o's changes (one api and two workers unless
+// o says otherwise), and waits until all are ready. On error everything
+// started is stopped again; the error carries the logs' last lines.
 func startSystemWith(ctx context.Context, env Env, sc Scenario, client *http.Client, o options) (s *system, err error) {
 	if o.APIs == 0 {
 		o.APIs = 1
