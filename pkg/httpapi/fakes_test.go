@@ -96,6 +96,9 @@ func (m *memJobs) store(id string, ev job.Event) string {
 func (m *memJobs) Create(_ context.Context, j *job.Job, ev job.Event, _ string, maxLive int) (string, bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if id := m.joinable(j.JoinKey); id != "" {
+		return id, false, nil
+	}
 	if maxLive > 0 {
 		live := 0
 		for _, r := range m.recs {
@@ -114,6 +117,26 @@ func (m *memJobs) Create(_ context.Context, j *job.Job, ev job.Event, _ string, 
 }
 
 func (m *memJobs) Idempotent(context.Context, string, string) (string, error) { return "", nil }
+
+// Joinable finds the request not ended whose join key is key, as the
+// store's live set does.
+func (m *memJobs) Joinable(_ context.Context, key string) (string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.joinable(key), nil
+}
+
+func (m *memJobs) joinable(key string) string {
+	if key == "" {
+		return ""
+	}
+	for id, r := range m.recs {
+		if r.Job.JoinKey == key && !r.Status.Terminal() {
+			return id
+		}
+	}
+	return ""
+}
 
 func (m *memJobs) Apply(_ context.Context, id string, c job.Change) (string, error) {
 	m.mu.Lock()

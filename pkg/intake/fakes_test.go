@@ -71,6 +71,9 @@ func (f *fakeJobs) Create(_ context.Context, j *job.Job, _ job.Event, idemKey st
 	if id, ok := f.idem[j.Tenant+"/"+idemKey]; idemKey != "" && ok {
 		return id, false, nil
 	}
+	if id := f.joinable(j.JoinKey); id != "" {
+		return id, false, nil
+	}
 	if maxLive > 0 {
 		live := 0
 		for _, r := range f.recs {
@@ -87,6 +90,26 @@ func (f *fakeJobs) Create(_ context.Context, j *job.Job, _ job.Event, idemKey st
 		f.idem[j.Tenant+"/"+idemKey] = j.ID
 	}
 	return j.ID, true, nil
+}
+
+// Joinable finds the request not ended whose join key is key, as the
+// store's live set does.
+func (f *fakeJobs) Joinable(_ context.Context, key string) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.joinable(key), nil
+}
+
+func (f *fakeJobs) joinable(key string) string {
+	if key == "" {
+		return ""
+	}
+	for id, r := range f.recs {
+		if r.Job.JoinKey == key && !r.Status.Terminal() {
+			return id
+		}
+	}
+	return ""
 }
 
 func (f *fakeJobs) Idempotent(_ context.Context, tenant, idemKey string) (string, error) {

@@ -79,7 +79,9 @@ type Accepted struct {
 	Similarity float64
 	CacheAge   time.Duration
 	Result     *job.Result
-	// Existing is true when an Idempotency-Key matched an earlier request.
+	// Existing is true when an Idempotency-Key matched an earlier request,
+	// or a compat call joined the one it repeats (job.Job.JoinKey): ID is
+	// that request's.
 	Existing bool
 	// CoalescedInto names the identical request in flight this one joined.
 	CoalescedInto string
@@ -131,6 +133,9 @@ type Jobs interface {
 	Create(ctx context.Context, j *job.Job, ev job.Event, idemKey string, maxLive int) (string, bool, error)
 	// Idempotent returns the request tenant submitted with idemKey, or "".
 	Idempotent(ctx context.Context, tenant, idemKey string) (string, error)
+	// Joinable returns the request not ended yet whose Job.JoinKey is
+	// key, or "".
+	Joinable(ctx context.Context, key string) (string, error)
 	Apply(ctx context.Context, id string, c job.Change) (string, error)
 	Get(ctx context.Context, id string) (*job.Record, error)
 }
@@ -277,13 +282,25 @@ func (in *Intake) Submit(ctx context.Context, t Tenant, s Submission) (*Accepted
 		return nil, err
 	}
 	// A retry of a request already accepted gets that request back first:
-	// neither the rate limit nor a full queue may turn it into a 429.
+	// neither the rate limit nor a full queue may turn it into a 429. A
+	// compat call without a key is found by what it asks while the call it
+	// repeats has not ended (join.go).
 	if s.IdempotencyKey != "" {
 		id, err := in.jobs.Idempotent(ctx, t.Name, s.IdempotencyKey)
 		if err != nil {
 			return nil, err
 		}
 		if id != "" {
+			return in.existing(ctx, id, s)
+		}
+	}
+	if j.JoinKey != "" {
+		id, err := in.jobs.Joinable(ctx, j.JoinKey)
+		if err != nil {
+			return nil, err
+		}
+		if id != "" {
+			in.logger.Debug("intake: a resent compat call joins the request it repeats", "request_id", id)
 			return in.existing(ctx, id, s)
 		}
 	}
@@ -328,7 +345,7 @@ func (in *Intake) Submit(ctx context.Context, t Tenant, s Submission) (*Accepted
 	if err != nil {
 		return nil, err
 	}
-	if !created {
+	if !created { // its idempotency key or join key named another request
 		return in.existing(ctx, id, s)
 	}
 	return in.stored(ctx, j, s)

@@ -243,3 +243,75 @@ func TestCreateEnded(t *testing.T) {
 		t.Fatal("a request cannot be stored ended as running")
 	}
 }
+
+// A join key names its request from its creation to its end: a create with
+// it meanwhile stores nothing and returns that request; the ending
+// releases it (and a request that is no longer live, lost without an
+// ending, does not hold it either), so the same call is then new.
+func TestJoinKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	s := job.NewStore(rdb, "b:", time.Hour)
+	withKey := func(id string) *job.Job {
+		j := newJob(id)
+		j.JoinKey, j.Answered = "k1", true
+		return j
+	}
+	if id, err := s.Joinable(ctx, "k1"); err != nil || id != "" {
+		t.Fatalf("joinable before: %q %v", id, err)
+	}
+	if _, created, err := s.Create(ctx, withKey("r1"), job.Event{Type: job.EventQueued}, "", 0); err != nil || !created {
+		t.Fatalf("create r1: %v %v", created, err)
+	}
+	if id, err := s.Joinable(ctx, "k1"); err != nil || id != "r1" {
+		t.Fatalf("joinable: %q %v, want r1", id, err)
+	}
+	id, created, err := s.Create(ctx, withKey("r2"), job.Event{Type: job.EventQueued}, "", 0)
+	if err != nil || created || id != "r1" {
+		t.Fatalf("create r2: %q %v %v, want r1 not created", id, created, err)
+	}
+	if _, err := s.Get(ctx, "r2"); !errors.Is(err, job.ErrNotFound) {
+		t.Fatalf("r2 stored: %v", err)
+	}
+	// A change that does not end it keeps the key.
+	if _, err := s.Apply(ctx, "r1", job.Change{Status: job.StatusRunning, Join: "k1"}); err != nil {
+		t.Fatal(err)
+	}
+	if id, _ := s.Joinable(ctx, "k1"); id != "r1" {
+		t.Fatalf("running: joinable %q, want r1", id)
+	}
+	if _, err := s.Apply(ctx, "r1", job.Change{Status: job.StatusCompleted, Join: "k1", Keep: job.EndedEventsTTL}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := rdb.Exists(ctx, "b:join:k1").Result(); err != nil || n != 0 {
+		t.Fatalf("join key left after the end: %d %v", n, err)
+	}
+	if id, _ := s.Joinable(ctx, "k1"); id != "" {
+		t.Fatalf("ended: joinable %q", id)
+	}
+	if _, created, err := s.Create(ctx, withKey("r3"), job.Event{Type: job.EventQueued}, "", 0); err != nil || !created {
+		t.Fatalf("create r3 after the end: %v %v", created, err)
+	}
+	// r3 is lost from the live set without an ending (a Redis failover):
+	// its key names it still, but holds nothing.
+	if err := s.Forget(ctx, "r3"); err != nil {
+		t.Fatal(err)
+	}
+	if id, _ := s.Joinable(ctx, "k1"); id != "" {
+		t.Fatalf("lost: joinable %q", id)
+	}
+	if _, created, err := s.Create(ctx, withKey("r4"), job.Event{Type: job.EventQueued}, "", 0); err != nil || !created {
+		t.Fatalf("create r4 after r3 was lost: %v %v", created, err)
+	}
+	if id, _ := s.Joinable(ctx, "k1"); id != "r4" {
+		t.Fatalf("joinable %q, want r4", id)
+	}
+	// r3's late ending does not release r4's key.
+	if _, err := s.Apply(ctx, "r3", job.Change{Status: job.StatusFailed, Join: "k1"}); err != nil {
+		t.Fatal(err)
+	}
+	if id, _ := s.Joinable(ctx, "k1"); id != "r4" {
+		t.Fatalf("after r3's ending: joinable %q, want r4", id)
+	}
+}
