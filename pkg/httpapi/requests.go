@@ -206,7 +206,7 @@ func (s *Server) submitError(c *gin.Context, err error) {
 		c.Header("Retry-After", strconv.Itoa(ceilSeconds(tf.RetryAfter)))
 		apiError(c, http.StatusTooManyRequests, "tenant_queue_full", "", tf.Error())
 	case errors.As(err, &full):
-		c.Header("Retry-After", strconv.Itoa(ceilSeconds(full.RetryAfter)))
+		setRetryAfter(c, full.RetryAfter)
 		c.AbortWithStatusJSON(http.StatusTooManyRequests, gin.H{"error": gin.H{"type": "queue_full",
 			"message": fmt.Sprintf("the queue is full (%d requests waiting); retry after %d seconds", full.Depth, ceilSeconds(full.RetryAfter))},
 			"retry_after_seconds": ceilSeconds(full.RetryAfter)})
