@@ -325,7 +325,7 @@ func TestEndUnstored(t *testing.T) {
 // A request whose caller took the answer in its response, with no key to
 // ask again (job.Job.Answered), keeps its ended record only
 // job.EndedEventsTTL; any other keeps it the store's result TTL. Its
-// ending releases its join key, so that a resend after the end is new.
+// ending names its join key, which then goes with the record.
 func TestEndingKeepsAnAnsweredRecordBriefly(t *testing.T) {
 	t.Parallel()
 	b := setup(t)

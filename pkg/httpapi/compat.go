@@ -170,6 +170,13 @@ func (s *Server) compat(c *gin.Context, d dialect) {
 		rec.State.Cached = job.CachedCoalesced
 	}
 	s.compatAnswer(c, d, rec, model, streaming, opts)
+	if a.JoinKey != "" {
+		// The answer reached a caller: a resend from now on is a call of
+		// its own (until now it joined this request, pkg/intake join.go).
+		if err := s.d.Jobs.Unjoin(context.WithoutCancel(ctx), a.JoinKey, a.ID); err != nil {
+			s.d.Logger.Warn("compat: unjoin", "request_id", a.ID, "err", err)
+		}
+	}
 }
 
 // compatSubmission reads Bulwark's headers.

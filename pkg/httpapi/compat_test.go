@@ -171,15 +171,13 @@ func TestCompatBadInput(t *testing.T) {
 	}
 }
 
-// A compat call resent while the one it repeats is queued — after the
-// caller gave up waiting, as an SDK's own timeout and retry do — joins it:
-// the same request id, nothing enqueued again, and that request's answer
-// once it completes. After the end the same call is a new request.
-func TestCompatResendJoins(t *testing.T) {
-	t.Parallel()
-	s := newServer(t, nil)
+// giveUp sends a compat call with body and abandons it once its request
+// is queued and waited on, as a client whose own timeout expires does; it
+// returns the request's id.
+func (s *server) giveUp(t *testing.T, body string) string {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	req, err := http.NewRequestWithContext(ctx, "POST", s.url+"/v1/chat/completions", strings.NewReader(chatBody))
+	req, err := http.NewRequestWithContext(ctx, "POST", s.url+"/v1/chat/completions", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,11 +191,23 @@ func TestCompatResendJoins(t *testing.T) {
 		gaveUp <- err
 	}()
 	id := s.enqueuedID(t)
-	s.awaitGet(t, id) // the first call waits
+	s.awaitGet(t, id) // the call waits
 	cancel()          // and its caller gives up
 	if err := <-gaveUp; err == nil {
-		t.Fatal("the first call was answered")
+		t.Fatal("the abandoned call was answered")
 	}
+	return id
+}
+
+// A compat call resent while the one it repeats is queued — after the
+// caller gave up waiting, as an SDK's own timeout and retry do — joins it:
+// the same request id, nothing enqueued again, and that request's answer
+// once it completes; likewise when it completed while nobody waited. Once
+// the answer was delivered the same call is a new request.
+func TestCompatResendJoins(t *testing.T) {
+	t.Parallel()
+	s := newServer(t, nil)
+	id := s.giveUp(t, chatBody)
 
 	resend := s.start("POST", "/v1/chat/completions", tokAcme, chatBody)
 	s.awaitGet(t, id) // the resend found the first request
@@ -220,5 +230,19 @@ func TestCompatResendJoins(t *testing.T) {
 	s.jobs.complete(t, next, "again")
 	if r := wait(t, later); r.code != http.StatusOK {
 		t.Fatalf("later: %d %s", r.code, r.body)
+	}
+
+	// Completed while nobody waited: the resend gets the answer at once.
+	other := `{"model":"gpt-4o","messages":[{"role":"user","content":"other"}]}`
+	done := s.giveUp(t, other)
+	s.jobs.complete(t, done, "kept for you")
+	r = s.do(t, "POST", "/v1/chat/completions", tokAcme, other)
+	if r.code != http.StatusOK || r.hdr.Get("X-Bulwark-Request-Id") != done || !strings.Contains(string(r.body), "kept for you") {
+		t.Fatalf("resend after the end: %d %v %s", r.code, r.hdr, r.body)
+	}
+	select {
+	case extra := <-s.queue.enqueued:
+		t.Fatalf("the resend after the end was enqueued as %s", extra)
+	default:
 	}
 }

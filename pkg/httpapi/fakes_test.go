@@ -62,6 +62,7 @@ type memJobs struct {
 
 	mu     sync.Mutex
 	recs   map[string]*job.Record
+	joins  map[string]string // join key → id
 	events map[string][]job.Event
 	lastMS int64
 	seq    int
@@ -111,6 +112,9 @@ func (m *memJobs) Create(_ context.Context, j *job.Job, ev job.Event, _ string, 
 		}
 	}
 	m.recs[j.ID] = &job.Record{Job: *j, Status: job.StatusQueued}
+	if j.JoinKey != "" {
+		m.joins[j.JoinKey] = j.ID
+	}
 	ev.Status = job.StatusQueued
 	m.store(j.ID, ev)
 	return j.ID, true, nil
@@ -118,8 +122,7 @@ func (m *memJobs) Create(_ context.Context, j *job.Job, ev job.Event, _ string, 
 
 func (m *memJobs) Idempotent(context.Context, string, string) (string, error) { return "", nil }
 
-// Joinable finds the request not ended whose join key is key, as the
-// store's live set does.
+// Joinable returns the request join key key names, as the store does.
 func (m *memJobs) Joinable(_ context.Context, key string) (string, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -130,12 +133,16 @@ func (m *memJobs) joinable(key string) string {
 	if key == "" {
 		return ""
 	}
-	for id, r := range m.recs {
-		if r.Job.JoinKey == key && !r.Status.Terminal() {
-			return id
-		}
+	return m.joins[key]
+}
+
+func (m *memJobs) Unjoin(_ context.Context, key, id string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.joins[key] == id {
+		delete(m.joins, key)
 	}
-	return ""
+	return nil
 }
 
 func (m *memJobs) Apply(_ context.Context, id string, c job.Change) (string, error) {
@@ -451,7 +458,7 @@ func newServer(t *testing.T, edit func(*setup)) *server {
 	_, _ = rand.Read(b)
 	prefix := "httpapi-" + hex.EncodeToString(b) + ":" // pub/sub is server-wide
 	jobs := &memJobs{rdb: rdb, channel: prefix + "events", gets: make(chan string, 256),
-		recs: map[string]*job.Record{}, events: map[string][]job.Event{}}
+		recs: map[string]*job.Record{}, joins: map[string]string{}, events: map[string][]job.Event{}}
 	q := &memQueue{prefix: prefix, enqueued: make(chan string, 256), spot: queue.Spot{Position: 2, ETA: 2500 * time.Millisecond}}
 	admin := &memAdmin{}
 	tenants := map[string]intake.Tenant{}

@@ -35,6 +35,9 @@ type Jobs interface {
 	StatusOf(ctx context.Context, id string) (job.Status, error)
 	Apply(ctx context.Context, id string, c job.Change) (string, error)
 	Events(ctx context.Context, id, after string) ([]job.Event, error)
+	// Unjoin ends request id's hold on a compat call's join key once its
+	// answer was delivered (job.Store.Unjoin).
+	Unjoin(ctx context.Context, key, id string) error
 }
 
 // Queue is what the API needs of the queues.

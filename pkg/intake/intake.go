@@ -85,6 +85,11 @@ type Accepted struct {
 	Existing bool
 	// CoalescedInto names the identical request in flight this one joined.
 	CoalescedInto string
+	// JoinKey is set when request ID holds a join key (a compat call
+	// without an Idempotency-Key, stored or joined; job.Job.JoinKey): the
+	// caller unjoins it once it has delivered the answer, so that a resend
+	// after that is a call of its own.
+	JoinKey string
 	// Ended is the terminal record of a submission that ended at once (a
 	// cache hit, or the answer of a leader that had just completed), so a
 	// caller waiting for the answer need not read it back.
@@ -133,9 +138,10 @@ type Jobs interface {
 	Create(ctx context.Context, j *job.Job, ev job.Event, idemKey string, maxLive int) (string, bool, error)
 	// Idempotent returns the request tenant submitted with idemKey, or "".
 	Idempotent(ctx context.Context, tenant, idemKey string) (string, error)
-	// Joinable returns the request not ended yet whose Job.JoinKey is
-	// key, or "".
+	// Joinable returns the request whose Job.JoinKey is key, or "".
 	Joinable(ctx context.Context, key string) (string, error)
+	// Unjoin ends request id's hold on join key key.
+	Unjoin(ctx context.Context, key, id string) error
 	Apply(ctx context.Context, id string, c job.Change) (string, error)
 	Get(ctx context.Context, id string) (*job.Record, error)
 }
@@ -300,8 +306,9 @@ func (in *Intake) Submit(ctx context.Context, t Tenant, s Submission) (*Accepted
 			return nil, err
 		}
 		if id != "" {
-			in.logger.Debug("intake: a resent compat call joins the request it repeats", "request_id", id)
-			return in.existing(ctx, id, s)
+			if a, ok, err := in.join(ctx, j, id, s); ok || err != nil {
+				return a, err
+			}
 		}
 	}
 	if in.limiter != nil && t.RateLimitRPM > 0 {
@@ -345,10 +352,39 @@ func (in *Intake) Submit(ctx context.Context, t Tenant, s Submission) (*Accepted
 	if err != nil {
 		return nil, err
 	}
-	if !created { // its idempotency key or join key named another request
+	if !created && s.IdempotencyKey == "" { // its join key named another request
+		if a, ok, err := in.join(ctx, j, id, s); ok || err != nil {
+			return a, err
+		}
+		return nil, fmt.Errorf("intake: the request %s a resend joined is gone; send it again", id)
+	}
+	if !created {
 		return in.existing(ctx, id, s)
 	}
-	return in.stored(ctx, j, s)
+	a, err := in.stored(ctx, j, s)
+	if a != nil {
+		a.JoinKey = j.JoinKey // held in Redis until the answer is delivered
+	}
+	return a, err
+}
+
+// join answers a resent compat call with the request id its join key
+// names (join.go). A key whose record is gone (lost in a failover) holds
+// nothing: it is dropped and ok is false, so the call is taken as new.
+func (in *Intake) join(ctx context.Context, j *job.Job, id string, s Submission) (*Accepted, bool, error) {
+	a, err := in.existing(ctx, id, s)
+	if errors.Is(err, job.ErrNotFound) {
+		if err := in.jobs.Unjoin(ctx, j.JoinKey, id); err != nil {
+			return nil, false, err
+		}
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	in.logger.Debug("intake: a resent compat call joins the request it repeats", "request_id", id)
+	a.JoinKey = j.JoinKey
+	return a, true, nil
 }
 
 // stored takes a request just stored to its queue, or to the identical

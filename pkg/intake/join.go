@@ -18,9 +18,12 @@ import (
 // the cache bypassed, a new provider call. A resend that arrives while the
 // call it repeats has not ended now joins it (job.Job.JoinKey): it gets
 // that request's id, place and answer, and nothing new is stored, queued
-// or called. The window is the original's life (queued, running or
-// waiting); once it has ended the same request is a new one, as a
-// deliberate repeat (another sample with the cache bypassed) must be.
+// or called. The window runs from the original's acceptance until its
+// answer reached a caller (the compat endpoint unjoins it then): a retry
+// whose caller never got the answer gets it even after the end, for as
+// long as the ended record is kept (5 minutes, job.EndedEventsTTL), while
+// a deliberate repeat after an answer (another sample with the cache
+// bypassed) is a new request.
 //
 // What makes two calls "the same" is everything that shapes the answer or
 // its handling: the tenant and the whole normalised request (pkg/llm's

@@ -15,8 +15,9 @@ import (
 // retry: same tenant, same request, no Idempotency-Key) joins it, whatever
 // the cache settings and even when the queue is full or the tenant's rate
 // limit would refuse a new request: the first request's id back, nothing
-// stored, queued or called. Once the first has ended, the same call is a
-// request of its own; a call that differs in anything is never joined.
+// stored, queued or called — and, once it has ended, its answer, until
+// that was delivered. After that the same call is a request of its own; a
+// call that differs in anything is never joined.
 func TestSubmitResendJoins(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -37,7 +38,7 @@ func TestSubmitResendJoins(t *testing.T) {
 			s.Waited = true
 			tc.edit(&s)
 			first := r.submit(t, tn, s)
-			if first.Existing || first.ID == "" {
+			if first.Existing || first.ID == "" || first.JoinKey == "" {
 				t.Fatalf("first %+v", first)
 			}
 			// The resend comes when a new request would be refused twice over.
@@ -48,7 +49,7 @@ func TestSubmitResendJoins(t *testing.T) {
 			r.queue.admitErr = &queue.FullError{Depth: 200}
 			r.queue.mu.Unlock()
 			again := r.submit(t, tn, s)
-			if again.ID != first.ID || !again.Existing || again.Status != job.StatusQueued {
+			if again.ID != first.ID || !again.Existing || again.Status != job.StatusQueued || again.JoinKey != first.JoinKey {
 				t.Fatalf("resend %+v, want request %s existing", again, first.ID)
 			}
 			if enq, _ := r.queue.tasks(); len(enq) != 1 || r.jobs.count() != 1 {
@@ -81,13 +82,23 @@ func TestSubmitResendJoins(t *testing.T) {
 				}
 			}
 
-			// Ended: the same call again is new.
+			// Ended with nobody to take the answer (the caller had given
+			// up): a resend gets it.
 			rec := r.jobs.record(t, first.ID)
 			if err := r.finisher.Finish(context.Background(), &rec, finish.Completed(job.State{Result: answer("a")})); err != nil {
 				t.Fatal(err)
 			}
+			ended := r.submit(t, tn, s)
+			if ended.ID != first.ID || ended.Status != job.StatusCompleted || ended.Result == nil || ended.JoinKey != first.JoinKey {
+				t.Fatalf("after the end: %+v, want %s's answer", ended, first.ID)
+			}
+			// Once the answer was delivered (the compat endpoint unjoins),
+			// the same call is new.
+			if err := r.jobs.Unjoin(context.Background(), first.JoinKey, first.ID); err != nil {
+				t.Fatal(err)
+			}
 			if later := r.submit(t, tn, s); later.ID == first.ID || later.Existing {
-				t.Fatalf("after the end: %+v joined %s", later, first.ID)
+				t.Fatalf("after the answer was delivered: %+v joined %s", later, first.ID)
 			}
 		})
 	}
@@ -114,5 +125,25 @@ func TestJoinKeyOnlyForKeylessCompatCalls(t *testing.T) {
 	a, b := r.submit(t, demo, ask("async")), r.submit(t, demo, ask("async"))
 	if a.ID == b.ID {
 		t.Fatalf("two async submissions share %s", a.ID)
+	}
+}
+
+// A join key whose record is gone (lost in a failover) holds nothing: the
+// resend is taken as a new request, and the key now names that one.
+func TestSubmitJoinKeyOfALostRecord(t *testing.T) {
+	t.Parallel()
+	r := newRig(nil)
+	s := ask("lost")
+	s.Waited = true
+	first := r.submit(t, demo, s)
+	r.jobs.mu.Lock()
+	delete(r.jobs.recs, first.ID)
+	r.jobs.mu.Unlock()
+	again := r.submit(t, demo, s)
+	if again.ID == first.ID || again.Existing {
+		t.Fatalf("resend %+v joined the lost %s", again, first.ID)
+	}
+	if id, _ := r.jobs.Joinable(context.Background(), again.JoinKey); id != again.ID {
+		t.Fatalf("join key names %q, want %s", id, again.ID)
 	}
 }

@@ -99,9 +99,8 @@ func (s *Store) Channel() string { return s.prefix + "events" }
 // ttl of the ended record (s), ARGV[15] reason, ARGV[16] code, ARGV[17] detail,
 // ARGV[18] ttl of the ended request's event stream (s)
 // Reply: {1, streamID of the last event} created; {0, existingID}
-// idempotency key already used, or the join key names a request not ended
-// yet (one that has ended, or was lost, no longer holds it); {2, count} the
-// tenant is at its limit.
+// idempotency key or join key already used; {2, count} the tenant is at
+// its limit.
 var createScript = redis.NewScript(`
 if KEYS[3] ~= KEYS[1] then
   local prev = redis.call("GET", KEYS[3])
@@ -109,7 +108,7 @@ if KEYS[3] ~= KEYS[1] then
 end
 if KEYS[6] ~= KEYS[1] then
   local prev = redis.call("GET", KEYS[6])
-  if prev and redis.call("ZSCORE", KEYS[4], prev) then return {0, prev} end
+  if prev then return {0, prev} end
 end
 local limit = tonumber(ARGV[9])
 if limit > 0 then
@@ -163,10 +162,10 @@ return {1, sid}
 var ErrTenantFull = errors.New("job: the tenant has its limit of requests in flight")
 
 // Create stores a new job in status queued with its first event. With an
-// idempotency key already used by the tenant, or a Job.JoinKey that names a
-// request not ended yet, it stores nothing and returns the earlier
+// idempotency key already used by the tenant, or a Job.JoinKey that still
+// names a request (Joinable), it stores nothing and returns the earlier
 // request's id and created=false; otherwise the join key names j from now
-// until j ends. With maxLive > 0 and that
+// until Unjoin, or until j's record goes. With maxLive > 0 and that
 // many of the tenant's requests not ended yet, it stores nothing and
 // returns ErrTenantFull (the idempotency key is looked up first: a retry of
 // an accepted request gets its id back even then).
@@ -241,7 +240,8 @@ func (s *Store) create(ctx context.Context, j *Job, ev Event, idemKey string, ma
 // transitionScript changes a request's status and appends its event.
 //
 // KEYS[1] job hash, KEYS[2] event stream, KEYS[3] live set, KEYS[4] the
-// request's join key, released by an ending (KEYS[1] again for none)
+// request's join key, which an ending makes go with the record (KEYS[1]
+// again for none)
 // ARGV[1] new status ("" keeps it), ARGV[2] state JSON ("" keeps it),
 // ARGV[3] event JSON ("" for none), ARGV[4] channel, ARGV[5] id,
 // ARGV[6] ttl seconds to set when the new status is terminal (0 none),
@@ -273,7 +273,7 @@ if tonumber(ARGV[6]) > 0 then
   redis.call("EXPIRE", KEYS[1], ARGV[6])
   redis.call("EXPIRE", KEYS[2], ARGV[11])
   redis.call("ZREM", KEYS[3], ARGV[5])
-  if KEYS[4] ~= KEYS[1] and redis.call("GET", KEYS[4]) == ARGV[5] then redis.call("DEL", KEYS[4]) end
+  if KEYS[4] ~= KEYS[1] and redis.call("GET", KEYS[4]) == ARGV[5] then redis.call("EXPIRE", KEYS[4], ARGV[6]) end
 end
 return {1, sid}
 `)
@@ -289,8 +289,9 @@ type Change struct {
 	// Keep is how long an ending keeps the record (0: the store's result
 	// TTL); its event stream goes after EndedEventsTTL at the most.
 	Keep time.Duration
-	// Join is the request's Job.JoinKey: an ending releases it, so a
-	// resend after the end is a request of its own. "" for none.
+	// Join is the request's Job.JoinKey: an ending keeps it only as long
+	// as the record (Keep), for a resend whose caller never got the
+	// answer. "" for none.
 	Join string
 }
 
@@ -553,21 +554,35 @@ func (s *Store) Missing(ctx context.Context, ids []string) ([]string, error) {
 	return missing, nil
 }
 
-// joinableScript returns the request KEYS[1] (a join key) names while it
-// is in KEYS[2] (the live set), else "".
-var joinableScript = redis.NewScript(`
-local id = redis.call("GET", KEYS[1])
-if id and redis.call("ZSCORE", KEYS[2], id) then return id end
-return ""`)
-
-// Joinable returns the request not ended yet whose Job.JoinKey is key, or
-// "" when there is none: the one a resend of it joins.
+// Joinable returns the request whose Job.JoinKey is key, or "" when there
+// is none: the one a resend of it joins. The key names a request from its
+// creation until Unjoin (its answer was delivered) or until its record
+// goes; a record lost without its key (a failover) reads ErrNotFound, and
+// the caller unjoins it.
 func (s *Store) Joinable(ctx context.Context, key string) (string, error) {
-	id, err := joinableScript.Run(ctx, s.rdb, []string{s.joinKey(key), s.liveKey()}).Text()
+	id, err := s.rdb.Get(ctx, s.joinKey(key)).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
 	if err != nil {
 		return "", fmt.Errorf("job: join key: %w", err)
 	}
 	return id, nil
+}
+
+// unjoinScript deletes KEYS[1] only if it still names ARGV[1].
+var unjoinScript = redis.NewScript(`
+if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("DEL", KEYS[1]) end
+return 0`)
+
+// Unjoin ends request id's hold on join key key (a no-op when the key
+// names another request or none): its answer has reached a caller, so a
+// resend from now on is a call of its own.
+func (s *Store) Unjoin(ctx context.Context, key, id string) error {
+	if err := unjoinScript.Run(ctx, s.rdb, []string{s.joinKey(key)}, id).Err(); err != nil {
+		return fmt.Errorf("job: unjoin %s: %w", id, err)
+	}
+	return nil
 }
 
 // Idempotent returns the id of the request tenant already submitted with

@@ -244,10 +244,10 @@ func TestCreateEnded(t *testing.T) {
 	}
 }
 
-// A join key names its request from its creation to its end: a create with
-// it meanwhile stores nothing and returns that request; the ending
-// releases it (and a request that is no longer live, lost without an
-// ending, does not hold it either), so the same call is then new.
+// A join key names its request from its creation until Unjoin: a create
+// with it meanwhile stores nothing and returns that request, ended or not.
+// An ending keeps the key only as long as the record; Unjoin drops it (only
+// for the request it names), and the same call is then new.
 func TestJoinKey(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -274,44 +274,35 @@ func TestJoinKey(t *testing.T) {
 	if _, err := s.Get(ctx, "r2"); !errors.Is(err, job.ErrNotFound) {
 		t.Fatalf("r2 stored: %v", err)
 	}
-	// A change that does not end it keeps the key.
-	if _, err := s.Apply(ctx, "r1", job.Change{Status: job.StatusRunning, Join: "k1"}); err != nil {
-		t.Fatal(err)
-	}
-	if id, _ := s.Joinable(ctx, "k1"); id != "r1" {
-		t.Fatalf("running: joinable %q, want r1", id)
-	}
 	if _, err := s.Apply(ctx, "r1", job.Change{Status: job.StatusCompleted, Join: "k1", Keep: job.EndedEventsTTL}); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := rdb.Exists(ctx, "b:join:k1").Result(); err != nil || n != 0 {
-		t.Fatalf("join key left after the end: %d %v", n, err)
+	if id, _ := s.Joinable(ctx, "k1"); id != "r1" {
+		t.Fatalf("ended, not delivered: joinable %q, want r1", id)
+	}
+	if ttl := rdb.TTL(ctx, "b:join:k1").Val(); ttl <= 0 || ttl > job.EndedEventsTTL {
+		t.Fatalf("join key TTL after the end %s, want the record's %s", ttl, job.EndedEventsTTL)
+	}
+	if err := s.Unjoin(ctx, "k1", "r0"); err != nil { // another request's: a no-op
+		t.Fatal(err)
+	}
+	if id, _ := s.Joinable(ctx, "k1"); id != "r1" {
+		t.Fatalf("after another's unjoin: joinable %q, want r1", id)
+	}
+	if err := s.Unjoin(ctx, "k1", "r1"); err != nil {
+		t.Fatal(err)
 	}
 	if id, _ := s.Joinable(ctx, "k1"); id != "" {
-		t.Fatalf("ended: joinable %q", id)
+		t.Fatalf("delivered: joinable %q", id)
 	}
 	if _, created, err := s.Create(ctx, withKey("r3"), job.Event{Type: job.EventQueued}, "", 0); err != nil || !created {
-		t.Fatalf("create r3 after the end: %v %v", created, err)
+		t.Fatalf("create r3 after the answer was delivered: %v %v", created, err)
 	}
-	// r3 is lost from the live set without an ending (a Redis failover):
-	// its key names it still, but holds nothing.
-	if err := s.Forget(ctx, "r3"); err != nil {
+	// r1's late second ending (refused) and unjoin leave r3's key alone.
+	if err := s.Unjoin(ctx, "k1", "r1"); err != nil {
 		t.Fatal(err)
 	}
-	if id, _ := s.Joinable(ctx, "k1"); id != "" {
-		t.Fatalf("lost: joinable %q", id)
-	}
-	if _, created, err := s.Create(ctx, withKey("r4"), job.Event{Type: job.EventQueued}, "", 0); err != nil || !created {
-		t.Fatalf("create r4 after r3 was lost: %v %v", created, err)
-	}
-	if id, _ := s.Joinable(ctx, "k1"); id != "r4" {
-		t.Fatalf("joinable %q, want r4", id)
-	}
-	// r3's late ending does not release r4's key.
-	if _, err := s.Apply(ctx, "r3", job.Change{Status: job.StatusFailed, Join: "k1"}); err != nil {
-		t.Fatal(err)
-	}
-	if id, _ := s.Joinable(ctx, "k1"); id != "r4" {
-		t.Fatalf("after r3's ending: joinable %q, want r4", id)
+	if id, _ := s.Joinable(ctx, "k1"); id != "r3" {
+		t.Fatalf("joinable %q, want r3", id)
 	}
 }
