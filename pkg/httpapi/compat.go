@@ -166,17 +166,25 @@ func (s *Server) compat(c *gin.Context, d dialect) {
 		}
 		return
 	}
-	if a.CoalescedInto != "" && rec.Job.ID != a.ID {
+	switch {
+	case a.CoalescedInto != "" && rec.Job.ID != a.ID:
+		rec.State.Cached = job.CachedCoalesced
+	case a.Existing && a.JoinKey != "" && !rec.State.Cached.Shared():
+		// A resend that joined the request it repeats (or another caller's
+		// identical call): the provider call was shared, not made for it.
 		rec.State.Cached = job.CachedCoalesced
 	}
-	s.compatAnswer(c, d, rec, model, streaming, opts)
 	if a.JoinKey != "" {
-		// The answer reached a caller: a resend from now on is a call of
-		// its own (until now it joined this request, pkg/intake join.go).
+		// The answer goes to a caller now: a resend from now on is a call
+		// of its own (until now it joined this request, pkg/intake
+		// join.go). Before the answer is written, so that a caller who
+		// sends the same call again as soon as it has the answer never
+		// finds this request still named.
 		if err := s.d.Jobs.Unjoin(context.WithoutCancel(ctx), a.JoinKey, a.ID); err != nil {
 			s.d.Logger.Warn("compat: unjoin", "request_id", a.ID, "err", err)
 		}
 	}
+	s.compatAnswer(c, d, rec, model, streaming, opts)
 }
 
 // compatSubmission reads Bulwark's headers.

@@ -218,7 +218,8 @@ func TestCompatResendJoins(t *testing.T) {
 	}
 	s.jobs.complete(t, id, "the answer")
 	r := wait(t, resend)
-	if r.code != http.StatusOK || r.hdr.Get("X-Bulwark-Request-Id") != id || !strings.Contains(string(r.body), "the answer") {
+	if r.code != http.StatusOK || r.hdr.Get("X-Bulwark-Request-Id") != id || !strings.Contains(string(r.body), "the answer") ||
+		r.hdr.Get("X-Bulwark-Cache") != "coalesced" { // the call was shared, not made for the resend
 		t.Fatalf("resend: %d %v %s", r.code, r.hdr, r.body)
 	}
 
