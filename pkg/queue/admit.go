@@ -3,6 +3,7 @@ package queue
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 )
@@ -123,9 +124,11 @@ const MinRetryAfter = time.Second
 // minRateSamples starts — exactly when a full queue drains slowly (slots
 // held by slow calls, keys cooling, a breaker open), which told callers
 // "1 s" while they waited 40. Admission then counts the starts RecordStart
-// keeps (five windows) over the time they span; none at all there means
-// nothing drains, and room comes when the oldest requests fail at their
-// deadline: MaxWait, the longest a Retry-After gets.
+// keeps (five windows) over the time they span; with none at all, the
+// slots' holders (each held at least its age, so the drain is at most
+// their number over the oldest age); with nothing held either, nothing
+// was measured yet (a cold start) and Rate's prior stands. MaxWait, when
+// the oldest requests fail at their deadline, bounds it all.
 
 // drainScript: KEYS[1] starts zset; ARGV[1] window ms. Reply: {starts in
 // the window, ms since the oldest of them, starts kept, ms since the
@@ -153,27 +156,33 @@ func (q *Queue) roomIn(ctx context.Context, n int) (time.Duration, error) {
 	if len(v) != 4 {
 		return 0, fmt.Errorf("queue: drain rate: unexpected reply %v", v)
 	}
-	rate := admissionRate(v[0], time.Duration(v[1])*time.Millisecond, v[2], time.Duration(v[3])*time.Millisecond,
-		q.cfg.Capacity)
 	occ, err := q.occupancy(ctx)
 	if err != nil {
 		return 0, err
 	}
+	rate := admissionRate(v[0], time.Duration(v[1])*time.Millisecond, v[2], time.Duration(v[3])*time.Millisecond,
+		occ.Ages, q.cfg.Capacity)
 	return clampRetry(newDrain(rate, occ.Ages), n, q.cfg.MaxWait), nil
 }
 
 // admissionRate is the drain rate of recent starts spanning recentSpan in
 // the last RateWindow or, when they are too few to measure, of the kept
-// ones spanning keptSpan; 0 when none were kept. Capped by capacity (0:
-// none), as Rate is.
-func admissionRate(recent int64, recentSpan time.Duration, kept int64, keptSpan time.Duration, capacity float64) float64 {
-	if recent >= minRateSamples {
+// ones spanning keptSpan; with none kept, the holders of ages over the
+// oldest age; with none either, Rate's prior (rateOf with no starts).
+// Capped by capacity (0: none), as Rate is.
+func admissionRate(recent int64, recentSpan time.Duration, kept int64, keptSpan time.Duration,
+	ages []time.Duration, capacity float64) float64 {
+	var r float64
+	switch {
+	case recent >= minRateSamples:
 		return rateOf(recent, recentSpan, capacity)
+	case kept > 0:
+		r = float64(kept) / max(keptSpan.Seconds(), 1)
+	case len(ages) > 0:
+		r = float64(len(ages)) / max(slices.Max(ages).Seconds(), 1)
+	default:
+		return rateOf(0, 0, capacity)
 	}
-	if kept == 0 {
-		return 0
-	}
-	r := float64(kept) / max(keptSpan.Seconds(), 1)
 	if capacity > 0 {
 		r = min(r, capacity)
 	}
@@ -181,7 +190,7 @@ func admissionRate(recent int64, recentSpan time.Duration, kept int64, keptSpan 
 }
 
 // clampRetry is d's wait for n slot releases, between MinRetryAfter and
-// maxWait; maxWait when nothing drains.
+// maxWait; maxWait when nothing drains (no rate).
 func clampRetry(d drain, n int, maxWait time.Duration) time.Duration {
 	if d.rate <= 0 {
 		return maxWait

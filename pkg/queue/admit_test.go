@@ -51,26 +51,31 @@ func TestAdmissionCountsConcurrentAdmissions(t *testing.T) {
 
 // The drain rate a refusal's Retry-After rests on is measured: the starts
 // of the last window when there are enough, else those kept over the time
-// they span — never the keys' capacity, which a slowly draining queue is
-// far below — and 0 when nothing started.
+// they span — not the keys' capacity, which a slowly draining queue is far
+// below — else the slots' holders over the oldest hold; only with nothing
+// to measure at all (a cold start) the capacity, Rate's prior.
 func TestAdmissionRate(t *testing.T) {
 	t.Parallel()
+	held := []time.Duration{10 * time.Second, 80 * time.Second, 40 * time.Second, 5 * time.Second}
 	for _, tt := range []struct {
 		name       string
 		recent     int64
 		recentSpan time.Duration
 		kept       int64
 		keptSpan   time.Duration
+		ages       []time.Duration
 		capacity   float64
 		want       float64
 	}{
-		{"measured window", 40, 20 * time.Second, 100, 100 * time.Second, 50, 2},
-		{"window capped by capacity", 40, 2 * time.Second, 40, 2 * time.Second, 5, 5},
-		{"few recent: the kept ones", 2, 15 * time.Second, 6, 60 * time.Second, 50, 0.1},
-		{"one kept, just now", 1, 0, 1, 0, 50, 1},
-		{"nothing started", 0, 0, 0, 0, 50, 0},
+		{"measured window", 40, 20 * time.Second, 100, 100 * time.Second, held, 50, 2},
+		{"window capped by capacity", 40, 2 * time.Second, 40, 2 * time.Second, nil, 5, 5},
+		{"few recent: the kept ones", 2, 15 * time.Second, 6, 60 * time.Second, held, 50, 0.1},
+		{"one kept, just now", 1, 0, 1, 0, nil, 50, 1},
+		{"none kept: the holders", 0, 0, 0, 0, held, 50, 0.05},
+		{"nothing to measure: the capacity", 0, 0, 0, 0, nil, 50, 50},
+		{"nothing to measure, no capacity", 0, 0, 0, 0, nil, 0, FallbackRateDefault},
 	} {
-		if got := admissionRate(tt.recent, tt.recentSpan, tt.kept, tt.keptSpan, tt.capacity); got != tt.want {
+		if got := admissionRate(tt.recent, tt.recentSpan, tt.kept, tt.keptSpan, tt.ages, tt.capacity); got != tt.want {
 			t.Errorf("%s: rate %g, want %g", tt.name, got, tt.want)
 		}
 	}
@@ -93,8 +98,8 @@ func TestAdmissionRate(t *testing.T) {
 
 // A full queue whose last starts are few and old (slow calls hold the
 // slots) says so in its Retry-After: tens of seconds, where the keys'
-// capacity said a fraction of one. With nothing started at all it is the
-// longest wait; with a steady stream of starts, a second.
+// capacity said a fraction of one. With nothing measured yet (a cold
+// start) the capacity stands; with a steady stream of starts, a second.
 func TestFullQueueRetryAfterIsTheMeasuredWait(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -114,8 +119,8 @@ func TestFullQueueRetryAfterIsTheMeasuredWait(t *testing.T) {
 		}
 		return full.RetryAfter
 	}
-	if got := retryAfter(); got != 5*time.Minute {
-		t.Fatalf("nothing started: Retry-After %s, want the longest wait", got)
+	if got := retryAfter(); got != MinRetryAfter {
+		t.Fatalf("nothing measured yet: Retry-After %s, want the capacity's %s", got, MinRetryAfter)
 	}
 	// Three starts over the last minute: a drain of 0.05/s, one request
 	// every 20 s.
