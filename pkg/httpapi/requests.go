@@ -203,7 +203,7 @@ func (s *Server) submitError(c *gin.Context, err error) {
 	case errors.As(err, &ie):
 		apiError(c, ie.Status, ie.Code, ie.Field, ie.Message)
 	case errors.As(err, &tf):
-		c.Header("Retry-After", strconv.Itoa(ceilSeconds(tf.RetryAfter)))
+		setRetryAfter(c, tf.RetryAfter)
 		apiError(c, http.StatusTooManyRequests, "tenant_queue_full", "", tf.Error())
 	case errors.As(err, &full):
 		setRetryAfter(c, full.RetryAfter)
@@ -211,7 +211,7 @@ func (s *Server) submitError(c *gin.Context, err error) {
 			"message": fmt.Sprintf("the queue is full (%d requests waiting); retry after %d seconds", full.Depth, ceilSeconds(full.RetryAfter))},
 			"retry_after_seconds": ceilSeconds(full.RetryAfter)})
 	case errors.As(err, &rl):
-		c.Header("Retry-After", strconv.Itoa(ceilSeconds(rl.RetryAfter)))
+		setRetryAfter(c, rl.RetryAfter)
 		apiError(c, http.StatusTooManyRequests, "tenant_rate_limited", "", rl.Error())
 	default:
 		s.d.Logger.Error("submit failed", "err", err)
