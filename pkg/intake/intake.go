@@ -289,8 +289,8 @@ func (in *Intake) Submit(ctx context.Context, t Tenant, s Submission) (*Accepted
 	}
 	// A retry of a request already accepted gets that request back first:
 	// neither the rate limit nor a full queue may turn it into a 429. A
-	// compat call without a key is found by what it asks while the call it
-	// repeats has not ended (join.go).
+	// compat call without a key is found by what it asks, until the
+	// answer of the call it repeats has reached a caller (join.go).
 	if s.IdempotencyKey != "" {
 		id, err := in.jobs.Idempotent(ctx, t.Name, s.IdempotencyKey)
 		if err != nil {
@@ -352,7 +352,7 @@ func (in *Intake) Submit(ctx context.Context, t Tenant, s Submission) (*Accepted
 	if err != nil {
 		return nil, err
 	}
-	if !created && s.IdempotencyKey == "" { // its join key named another request
+	if !created && j.JoinKey != "" { // its join key named another request
 		if a, ok, err := in.join(ctx, j, id, s); ok || err != nil {
 			return a, err
 		}
