@@ -46,7 +46,7 @@ func (c *Config) SlotsConfig() slots.Config {
 // Waiters.
 func (c *Config) QueueConfig() queue.Config {
 	return queue.Config{MaxDepth: c.Queue.MaxDepth, MaxRetry: c.Worker.MaxAttempts,
-		Prefix: c.Redis.Keyspace().Root(), Capacity: c.KeyCapacity()}
+		Prefix: c.Redis.Keyspace().Root(), Capacity: c.KeyCapacity(), MaxWait: c.Queue.MaxWait}
 }
 
 // KeypoolConfig configures the key pool (pkg/keypool).
@@ -118,7 +118,7 @@ func (c *Config) EmbedConfig() embed.Config {
 func (c *Config) HTTPConfig() httpapi.Config {
 	s := c.Server
 	return httpapi.Config{AdminApart: s.AdminListen != "", AdminToken: s.AdminToken, MaxBodyBytes: s.MaxBodyBytes,
-		SyncTimeout: s.SyncTimeout, WriteTimeout: s.WriteTimeout, StreamMaxLifetime: s.StreamMaxLifetime}
+		MaxWait: c.Queue.MaxWait, SyncTimeout: s.SyncTimeout, WriteTimeout: s.WriteTimeout, StreamMaxLifetime: s.StreamMaxLifetime}
 }
 
 // KeyCapacity is the requests per second all metered keys together carry

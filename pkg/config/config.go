@@ -95,7 +95,10 @@ type Server struct {
 	// DefaultMaxTokens is used when a request gives none. Default 1,024.
 	DefaultMaxTokens int `yaml:"default_max_tokens"`
 	// SyncTimeout is how long the compat endpoints wait for an answer
-	// before replying 429 with the request id. Default 60s.
+	// before replying 429 still_queued with the request id. Default
+	// queue_max_wait plus the longest provider timeout (7 min with the
+	// defaults; SyncTimeoutDefault): set it shorter only for clients that
+	// cannot wait that long — a resend while the request runs joins it.
 	SyncTimeout time.Duration `yaml:"sync_timeout"`
 	// ResultTTL is how long a finished request's live record (and its
 	// idempotency key) is kept in Redis; GET reads the history row in

@@ -36,6 +36,11 @@ func TestRepoConfigLoads(t *testing.T) {
 	if c.Queue.MaxWait != 300*time.Second || c.Queue.MaxDepth != 200 {
 		t.Errorf("queue wait/depth: %v %d", c.Queue.MaxWait, c.Queue.MaxDepth)
 	}
+	// A compat call waits as long as a request may wait to start plus its
+	// call: one Bulwark will still answer is not turned into a 429 first.
+	if c.Server.SyncTimeout != 7*time.Minute || c.HTTPConfig().MaxWait != c.Queue.MaxWait {
+		t.Errorf("sync_timeout %v, max wait %v", c.Server.SyncTimeout, c.HTTPConfig().MaxWait)
+	}
 	if c.Cache.TTL["router"] != 24*time.Hour || c.Cache.Threshold != 0.95 {
 		t.Errorf("cache: %+v", c.Cache)
 	}
@@ -271,6 +276,34 @@ func TestKeypoolMetering(t *testing.T) {
 	for _, k := range kc.Keys {
 		if w, ok := want[k.Provider]; ok && k.Metering != w {
 			t.Errorf("key %s (provider %s): metering %s, want %s", k.ID, k.Provider, k.Metering, w)
+		}
+	}
+}
+
+// sync_timeout follows queue_max_wait and the providers' timeouts unless
+// it is set.
+func TestSyncTimeoutDefault(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		extra string
+		want  time.Duration
+	}{
+		{"", 300*time.Second + 120*time.Second},
+		{"queue: {queue_max_wait: 60s}", 60*time.Second + 120*time.Second},
+		{"server: {admin_token: a, sync_timeout: 30s}", 30 * time.Second},
+	} {
+		doc := minimal
+		if strings.HasPrefix(tt.extra, "server:") {
+			doc = strings.Replace(doc, "server: {admin_token: a}", tt.extra, 1)
+		} else {
+			doc += tt.extra + "\n"
+		}
+		c, err := config.Parse([]byte(doc), env(map[string]string{"K1": "k"}))
+		if err != nil {
+			t.Fatalf("%q: %v", tt.extra, err)
+		}
+		if c.Server.SyncTimeout != tt.want || c.HTTPConfig().SyncTimeout != tt.want {
+			t.Errorf("%q: sync_timeout %s, want %s", tt.extra, c.Server.SyncTimeout, tt.want)
 		}
 	}
 }

@@ -23,7 +23,6 @@ const (
 	MaxPromptCharsDefault        = 200_000
 	MaxTokensLimitDefault        = 32_000
 	DefaultMaxTokensDefault      = 1024
-	SyncTimeoutDefault           = httpapi.SyncTimeoutDefault
 	ResultTTLDefault             = time.Hour
 	ServerShutdownTimeoutDefault = 10 * time.Second
 	ReadHeaderTimeoutDefault     = 5 * time.Second
@@ -72,6 +71,19 @@ const (
 	TenantMaxSyncWaitsDefault = 100
 )
 
+// SyncTimeoutDefault is server.sync_timeout's default: queue_max_wait plus
+// the longest provider timeout, the latest a request that has not failed
+// at its deadline normally ends (it starts by then, and its call takes at
+// most that). A shorter wait turned requests Bulwark was still going to
+// answer into 429s, and the SDKs' retries into new requests at the back
+// of the line. With the defaults 300 s + 120 s = 7 min, inside both
+// official SDKs' own 10-minute limits (openai-go's response-header
+// timeout, anthropic-sdk-go's per-request timeout). Call it once the
+// queue and provider defaults are set.
+func (c *Config) SyncTimeoutDefault() time.Duration {
+	return c.Queue.MaxWait + c.LongestCall()
+}
+
 // ReservedDefault returns the design document's per-priority reserve (4.2).
 func ReservedDefault() map[priority.Priority]int {
 	return map[priority.Priority]int{priority.Critical: 5, priority.High: 10, priority.Normal: 4, priority.Low: 1}
@@ -96,7 +108,6 @@ func (c *Config) setDefaults() {
 	orDefault(&s.MaxPromptChars, MaxPromptCharsDefault)
 	orDefault(&s.MaxTokensLimit, MaxTokensLimitDefault)
 	orDefault(&s.DefaultMaxTokens, DefaultMaxTokensDefault)
-	orDefault(&s.SyncTimeout, SyncTimeoutDefault)
 	orDefault(&s.ResultTTL, ResultTTLDefault)
 	orDefault(&s.ShutdownTimeout, ServerShutdownTimeoutDefault)
 	orDefault(&s.ReadHeaderTimeout, ReadHeaderTimeoutDefault)
@@ -146,6 +157,7 @@ func (c *Config) setDefaults() {
 	orDefault(&q.MaxWait, QueueMaxWaitDefault)
 	orDefault(&q.MaxDepth, QueueMaxDepthDefault)
 	orDefault(&q.SlotLease, SlotLeaseDefault)
+	orDefault(&s.SyncTimeout, c.SyncTimeoutDefault())
 	q.Reserved = withDefaults(q.Reserved, ReservedDefault())
 	q.Weights = withDefaults(q.Weights, WeightsDefault())
 	orDefault(&w.Concurrency, WorkerConcurrencyFor(*q))

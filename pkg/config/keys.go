@@ -30,11 +30,11 @@ package config
 // So every concept whose scripts span several keys carries one tag, and
 // all its keys live in one slot, on one master:
 //
-//	{job}      every request's record, event stream, idempotency key and
-//	           the live sets: createScript checks a tenant's live set and
-//	           an idempotency key while it stores the record, and the
-//	           transition script ends a record and leaves the live set in
-//	           one step.
+//	{job}      every request's record, event stream, idempotency key, a
+//	           compat call's join key and the live sets: createScript checks
+//	           a tenant's live set and an idempotency or join key while it
+//	           stores the record, and the transition script ends a record,
+//	           leaves the live set and times its join key out in one step.
 //	{slots}    the global concurrency limit: one set of leases and waiters
 //	           that every acquire reads whole.
 //	{keypool}  every provider key's state and leases: acquire picks the

@@ -324,12 +324,13 @@ func TestEndUnstored(t *testing.T) {
 
 // A request whose caller took the answer in its response, with no key to
 // ask again (job.Job.Answered), keeps its ended record only
-// job.EndedEventsTTL; any other keeps it the store's result TTL.
+// job.EndedEventsTTL; any other keeps it the store's result TTL. Its
+// ending names its join key, which then goes with the record.
 func TestEndingKeepsAnAnsweredRecordBriefly(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	answered, other := record("a1"), record("a2")
-	answered.Job.Answered = true
+	answered.Job.Answered, answered.Job.JoinKey = true, "k1"
 	for _, rec := range []*job.Record{answered, other} {
 		if err := b.f.Finish(context.Background(), rec, Failed(rec.State, job.CodeNoRoute, "none")); err != nil {
 			t.Fatal(err)
@@ -337,5 +338,8 @@ func TestEndingKeepsAnAnsweredRecordBriefly(t *testing.T) {
 	}
 	if len(b.jobs.changes) != 2 || b.jobs.changes[0].Keep != job.EndedEventsTTL || b.jobs.changes[1].Keep != 0 {
 		t.Fatalf("changes %+v, want Keep %s then 0", b.jobs.changes, job.EndedEventsTTL)
+	}
+	if b.jobs.changes[0].Join != "k1" || b.jobs.changes[1].Join != "" {
+		t.Fatalf("changes %+v, want Join k1 then none", b.jobs.changes)
 	}
 }

@@ -25,10 +25,14 @@ import (
 // The compat endpoints speak the OpenAI Chat Completions and Anthropic
 // Messages APIs, so an existing SDK adopts Bulwark by changing its base
 // URL. They run the same five layers as the async API and answer
-// synchronously: they wait up to SyncTimeout for the result; past it they
-// answer 429 with Retry-After and the request id in X-Bulwark-Request-Id,
-// so the caller can fetch the result (GET /v1/requests/{id}) instead of
-// resubmitting. Bulwark's own knobs travel in headers:
+// synchronously: they wait up to SyncTimeout for the result (by default
+// as long as the request may wait in line, and its call take); past it
+// they answer 429 still_queued with Retry-After and the request id in
+// X-Bulwark-Request-Id. The caller may fetch the result
+// (GET /v1/requests/{id}) or simply resend the call, as the SDKs' own
+// retries do: a resend while the request has not ended joins it
+// (pkg/intake, join.go) and waits for the same answer. Bulwark's own
+// knobs travel in headers:
 //
 //	X-Bulwark-Priority         critical|high|normal|low or 1-4
 //	X-Bulwark-Case-Id          diagnosis case (cache invalidation)
@@ -151,10 +155,10 @@ func (s *Server) compat(c *gin.Context, d dialect) {
 	rec, err := s.await(ctx, a)
 	switch {
 	case errors.Is(err, errStillQueued):
-		c.Header("Retry-After", strconv.Itoa(max(1, ceilSeconds(s.retryHint(ctx, a.ID)))))
+		setRetryAfter(c, s.retryHint(ctx, a))
 		d.fail(c, http.StatusTooManyRequests, "still_queued", fmt.Sprintf(
-			"the request is queued and did not finish within %s; fetch it later with GET /v1/requests/%s instead of resubmitting",
-			s.cfg.SyncTimeout, a.ID))
+			"the request has not finished within %s; resend the same call (it joins request %s and waits for its answer) or fetch it with GET /v1/requests/%s",
+			s.cfg.SyncTimeout, a.ID, a.ID))
 		return
 	case err != nil:
 		if ctx.Err() == nil {
@@ -162,8 +166,23 @@ func (s *Server) compat(c *gin.Context, d dialect) {
 		}
 		return
 	}
-	if a.CoalescedInto != "" && rec.Job.ID != a.ID {
+	switch {
+	case a.CoalescedInto != "" && rec.Job.ID != a.ID:
 		rec.State.Cached = job.CachedCoalesced
+	case a.Existing && a.JoinKey != "" && !rec.State.Cached.Shared():
+		// A resend that joined the request it repeats (or another caller's
+		// identical call): the provider call was shared, not made for it.
+		rec.State.Cached = job.CachedCoalesced
+	}
+	if a.JoinKey != "" {
+		// The answer goes to a caller now: a resend from now on is a call
+		// of its own (until now it joined this request, pkg/intake
+		// join.go). Before the answer is written, so that a caller who
+		// sends the same call again as soon as it has the answer never
+		// finds this request still named.
+		if err := s.d.Jobs.Unjoin(context.WithoutCancel(ctx), a.JoinKey, a.ID); err != nil {
+			s.d.Logger.Warn("compat: unjoin", "request_id", a.ID, "err", err)
+		}
 	}
 	s.compatAnswer(c, d, rec, model, streaming, opts)
 }
@@ -212,7 +231,7 @@ func (s *Server) compatSubmitError(c *gin.Context, d dialect, err error) {
 	var tf *intake.TenantFullError
 	switch {
 	case errors.As(err, &tf):
-		c.Header("Retry-After", strconv.Itoa(ceilSeconds(tf.RetryAfter)))
+		setRetryAfter(c, tf.RetryAfter)
 		d.fail(c, http.StatusTooManyRequests, "tenant_queue_full", tf.Error())
 	case errors.As(err, &ie):
 		status := ie.Status
@@ -221,10 +240,10 @@ func (s *Server) compatSubmitError(c *gin.Context, d dialect, err error) {
 		}
 		d.fail(c, status, ie.Code, ie.Error())
 	case errors.As(err, &full):
-		c.Header("Retry-After", strconv.Itoa(ceilSeconds(full.RetryAfter)))
+		setRetryAfter(c, full.RetryAfter)
 		d.fail(c, http.StatusTooManyRequests, "queue_full", full.Error())
 	case errors.As(err, &rl):
-		c.Header("Retry-After", strconv.Itoa(ceilSeconds(rl.RetryAfter)))
+		setRetryAfter(c, rl.RetryAfter)
 		d.fail(c, http.StatusTooManyRequests, "tenant_rate_limited", rl.Error())
 	default:
 		s.d.Logger.Error("compat submit failed", "err", err)
@@ -278,13 +297,38 @@ func (s *Server) await(ctx context.Context, a *intake.Accepted) (*job.Record, er
 	}
 }
 
-// retryHint is when a still-queued request is likely done.
-func (s *Server) retryHint(ctx context.Context, id string) time.Duration {
-	sp, err := s.d.Queue.SpotOf(ctx, id)
-	if err != nil || sp.Position == 0 {
-		return time.Second
+// retryHint is when a request that has not ended is worth asking for
+// again. A resend joins it and waits SyncTimeout anew, so the wait is the
+// time until there is room for it: while it is queued (it, or the request
+// it coalesced into), its measured ETA, never past its deadline (MaxWait
+// after its creation: it has started or failed by then); once it runs,
+// queue.MinRetryAfter.
+func (s *Server) retryHint(ctx context.Context, a *intake.Accepted) time.Duration {
+	follow := a.ID
+	if a.CoalescedInto != "" {
+		follow = a.CoalescedInto
 	}
-	return sp.ETA
+	sp, err := s.d.Queue.SpotOf(ctx, follow)
+	if err != nil || sp.Position == 0 {
+		return queue.MinRetryAfter
+	}
+	until := s.cfg.MaxWait
+	if created, ok := job.IDTime(follow); ok {
+		until = time.Until(created.Add(s.cfg.MaxWait))
+	}
+	return min(sp.ETA, until)
+}
+
+// setRetryAfter tells a caller when to come back: Retry-After in whole
+// seconds (rounded up) and Retry-After-Ms, which both official SDKs read
+// before it; never sooner than queue.MinRetryAfter. Both SDKs wait what
+// they are told before their next retry (openai-go gives up at once on
+// more than 2 minutes), so it must be the real wait, or they spend their
+// retries (two by default) against a full queue in seconds.
+func setRetryAfter(c *gin.Context, d time.Duration) {
+	d = max(d, queue.MinRetryAfter)
+	c.Header("Retry-After", strconv.Itoa(ceilSeconds(d)))
+	c.Header("Retry-After-Ms", strconv.FormatInt(d.Milliseconds(), 10))
 }
 
 func (s *Server) compatAnswer(c *gin.Context, d dialect, rec *job.Record, model string, streaming bool, opts []openai.StreamOption) {

@@ -100,6 +100,7 @@ func TestCompatStillQueued(t *testing.T) {
 	id := s.enqueuedID(t)
 	e, _ := r.json(t)["error"].(map[string]any)
 	if r.code != http.StatusTooManyRequests || e["code"] != "still_queued" || r.hdr.Get("Retry-After") != "3" ||
+		r.hdr.Get("Retry-After-Ms") != "2500" ||
 		r.hdr.Get("X-Bulwark-Request-Id") != id || !strings.Contains(e["message"].(string), "/v1/requests/"+id) {
 		t.Fatalf("still queued: %d %v %s", r.code, r.hdr, r.body)
 	}
@@ -167,5 +168,82 @@ func TestCompatBadInput(t *testing.T) {
 	}
 	if ids := s.queue.ids(); len(ids) != 0 {
 		t.Fatalf("bad input enqueued: %v", ids)
+	}
+}
+
+// giveUp sends a compat call with body and abandons it once its request
+// is queued and waited on, as a client whose own timeout expires does; it
+// returns the request's id.
+func (s *server) giveUp(t *testing.T, body string) string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, "POST", s.url+"/v1/chat/completions", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+tokAcme)
+	gaveUp := make(chan error, 1)
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		gaveUp <- err
+	}()
+	id := s.enqueuedID(t)
+	s.awaitGet(t, id) // the call waits
+	cancel()          // and its caller gives up
+	if err := <-gaveUp; err == nil {
+		t.Fatal("the abandoned call was answered")
+	}
+	return id
+}
+
+// A compat call resent while the one it repeats is queued — after the
+// caller gave up waiting, as an SDK's own timeout and retry do — joins it:
+// the same request id, nothing enqueued again, and that request's answer
+// once it completes; likewise when it completed while nobody waited. Once
+// the answer was delivered the same call is a new request.
+func TestCompatResendJoins(t *testing.T) {
+	t.Parallel()
+	s := newServer(t, nil)
+	id := s.giveUp(t, chatBody)
+
+	resend := s.start("POST", "/v1/chat/completions", tokAcme, chatBody)
+	s.awaitGet(t, id) // the resend found the first request
+	select {
+	case other := <-s.queue.enqueued:
+		t.Fatalf("the resend was enqueued as %s", other)
+	default:
+	}
+	s.jobs.complete(t, id, "the answer")
+	r := wait(t, resend)
+	if r.code != http.StatusOK || r.hdr.Get("X-Bulwark-Request-Id") != id || !strings.Contains(string(r.body), "the answer") ||
+		r.hdr.Get("X-Bulwark-Cache") != "coalesced" { // the call was shared, not made for the resend
+		t.Fatalf("resend: %d %v %s", r.code, r.hdr, r.body)
+	}
+
+	later := s.start("POST", "/v1/chat/completions", tokAcme, chatBody)
+	next := s.enqueuedID(t)
+	if next == id {
+		t.Fatalf("after the end the same call joined %s", id)
+	}
+	s.jobs.complete(t, next, "again")
+	if r := wait(t, later); r.code != http.StatusOK {
+		t.Fatalf("later: %d %s", r.code, r.body)
+	}
+
+	// Completed while nobody waited: the resend gets the answer at once.
+	other := `{"model":"gpt-4o","messages":[{"role":"user","content":"other"}]}`
+	done := s.giveUp(t, other)
+	s.jobs.complete(t, done, "kept for you")
+	r = s.do(t, "POST", "/v1/chat/completions", tokAcme, other)
+	if r.code != http.StatusOK || r.hdr.Get("X-Bulwark-Request-Id") != done || !strings.Contains(string(r.body), "kept for you") {
+		t.Fatalf("resend after the end: %d %v %s", r.code, r.hdr, r.body)
+	}
+	select {
+	case extra := <-s.queue.enqueued:
+		t.Fatalf("the resend after the end was enqueued as %s", extra)
+	default:
 	}
 }

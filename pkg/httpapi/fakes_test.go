@@ -62,6 +62,7 @@ type memJobs struct {
 
 	mu     sync.Mutex
 	recs   map[string]*job.Record
+	joins  map[string]string // join key → id
 	events map[string][]job.Event
 	lastMS int64
 	seq    int
@@ -96,6 +97,9 @@ func (m *memJobs) store(id string, ev job.Event) string {
 func (m *memJobs) Create(_ context.Context, j *job.Job, ev job.Event, _ string, maxLive int) (string, bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if id := m.joinable(j.JoinKey); id != "" {
+		return id, false, nil
+	}
 	if maxLive > 0 {
 		live := 0
 		for _, r := range m.recs {
@@ -108,12 +112,38 @@ func (m *memJobs) Create(_ context.Context, j *job.Job, ev job.Event, _ string, 
 		}
 	}
 	m.recs[j.ID] = &job.Record{Job: *j, Status: job.StatusQueued}
+	if j.JoinKey != "" {
+		m.joins[j.JoinKey] = j.ID
+	}
 	ev.Status = job.StatusQueued
 	m.store(j.ID, ev)
 	return j.ID, true, nil
 }
 
 func (m *memJobs) Idempotent(context.Context, string, string) (string, error) { return "", nil }
+
+// Joinable returns the request join key key names, as the store does.
+func (m *memJobs) Joinable(_ context.Context, key string) (string, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.joinable(key), nil
+}
+
+func (m *memJobs) joinable(key string) string {
+	if key == "" {
+		return ""
+	}
+	return m.joins[key]
+}
+
+func (m *memJobs) Unjoin(_ context.Context, key, id string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.joins[key] == id {
+		delete(m.joins, key)
+	}
+	return nil
+}
 
 func (m *memJobs) Apply(_ context.Context, id string, c job.Change) (string, error) {
 	m.mu.Lock()
@@ -428,7 +458,7 @@ func newServer(t *testing.T, edit func(*setup)) *server {
 	_, _ = rand.Read(b)
 	prefix := "httpapi-" + hex.EncodeToString(b) + ":" // pub/sub is server-wide
 	jobs := &memJobs{rdb: rdb, channel: prefix + "events", gets: make(chan string, 256),
-		recs: map[string]*job.Record{}, events: map[string][]job.Event{}}
+		recs: map[string]*job.Record{}, joins: map[string]string{}, events: map[string][]job.Event{}}
 	q := &memQueue{prefix: prefix, enqueued: make(chan string, 256), spot: queue.Spot{Position: 2, ETA: 2500 * time.Millisecond}}
 	admin := &memAdmin{}
 	tenants := map[string]intake.Tenant{}

@@ -203,15 +203,15 @@ func (s *Server) submitError(c *gin.Context, err error) {
 	case errors.As(err, &ie):
 		apiError(c, ie.Status, ie.Code, ie.Field, ie.Message)
 	case errors.As(err, &tf):
-		c.Header("Retry-After", strconv.Itoa(ceilSeconds(tf.RetryAfter)))
+		setRetryAfter(c, tf.RetryAfter)
 		apiError(c, http.StatusTooManyRequests, "tenant_queue_full", "", tf.Error())
 	case errors.As(err, &full):
-		c.Header("Retry-After", strconv.Itoa(ceilSeconds(full.RetryAfter)))
+		setRetryAfter(c, full.RetryAfter)
 		c.AbortWithStatusJSON(http.StatusTooManyRequests, gin.H{"error": gin.H{"type": "queue_full",
 			"message": fmt.Sprintf("the queue is full (%d requests waiting); retry after %d seconds", full.Depth, ceilSeconds(full.RetryAfter))},
 			"retry_after_seconds": ceilSeconds(full.RetryAfter)})
 	case errors.As(err, &rl):
-		c.Header("Retry-After", strconv.Itoa(ceilSeconds(rl.RetryAfter)))
+		setRetryAfter(c, rl.RetryAfter)
 		apiError(c, http.StatusTooManyRequests, "tenant_rate_limited", "", rl.Error())
 	default:
 		s.d.Logger.Error("submit failed", "err", err)

@@ -35,6 +35,9 @@ type Jobs interface {
 	StatusOf(ctx context.Context, id string) (job.Status, error)
 	Apply(ctx context.Context, id string, c job.Change) (string, error)
 	Events(ctx context.Context, id, after string) ([]job.Event, error)
+	// Unjoin ends request id's hold on a compat call's join key once its
+	// answer was delivered (job.Store.Unjoin).
+	Unjoin(ctx context.Context, key, id string) error
 }
 
 // Queue is what the API needs of the queues.
@@ -90,8 +93,14 @@ type Config struct {
 	// MaxBodyBytes bounds a request body (413 beyond). Default
 	// MaxBodyBytesDefault (1 MiB).
 	MaxBodyBytes int64
+	// MaxWait is the longest a request waits to start before it fails
+	// (queue_max_wait): it bounds a still_queued Retry-After, and is
+	// SyncTimeout's default. Default queue.MaxWaitDefault (300s).
+	MaxWait time.Duration
 	// SyncTimeout is how long the compat endpoints wait for an answer
-	// before a 429 still_queued. Default SyncTimeoutDefault (60s).
+	// before a 429 still_queued. Default MaxWait: a request that will
+	// still be answered is not turned into a 429 while it waits its turn
+	// (pkg/config adds the longest provider call to it).
 	SyncTimeout time.Duration
 	// KeepAlive of SSE streams (comment lines). Default KeepAliveDefault
 	// (15s).
@@ -109,7 +118,6 @@ type Config struct {
 // Defaults of Config.
 const (
 	MaxBodyBytesDefault      = 1 << 20
-	SyncTimeoutDefault       = 60 * time.Second
 	KeepAliveDefault         = 15 * time.Second
 	WriteTimeoutDefault      = 30 * time.Second
 	StreamMaxLifetimeDefault = 15 * time.Minute
@@ -120,8 +128,11 @@ func (c Config) WithDefaults() Config {
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = MaxBodyBytesDefault
 	}
+	if c.MaxWait == 0 {
+		c.MaxWait = queue.MaxWaitDefault
+	}
 	if c.SyncTimeout == 0 {
-		c.SyncTimeout = SyncTimeoutDefault
+		c.SyncTimeout = c.MaxWait
 	}
 	if c.KeepAlive == 0 {
 		c.KeepAlive = KeepAliveDefault
@@ -140,7 +151,7 @@ func (c Config) Validate() error {
 	for _, f := range []struct {
 		name string
 		v    int64
-	}{{"MaxBodyBytes", c.MaxBodyBytes}, {"SyncTimeout", int64(c.SyncTimeout)}, {"KeepAlive", int64(c.KeepAlive)},
+	}{{"MaxBodyBytes", c.MaxBodyBytes}, {"MaxWait", int64(c.MaxWait)}, {"SyncTimeout", int64(c.SyncTimeout)}, {"KeepAlive", int64(c.KeepAlive)},
 		{"WriteTimeout", int64(c.WriteTimeout)}, {"StreamMaxLifetime", int64(c.StreamMaxLifetime)}} {
 		if f.v <= 0 {
 			return fmt.Errorf("httpapi: Config.%s must be positive", f.name)

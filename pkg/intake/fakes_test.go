@@ -52,6 +52,7 @@ type fakeJobs struct {
 	mu      sync.Mutex
 	recs    map[string]*job.Record
 	idem    map[string]string // tenant + "/" + key → id
+	joins   map[string]string // join key → id
 	applied map[string][]job.Change
 	maxLive []int // the limit each Create was given
 	// hideIdem makes Idempotent miss, as when a retry races the first
@@ -61,7 +62,8 @@ type fakeJobs struct {
 }
 
 func newFakeJobs() *fakeJobs {
-	return &fakeJobs{recs: map[string]*job.Record{}, idem: map[string]string{}, applied: map[string][]job.Change{}}
+	return &fakeJobs{recs: map[string]*job.Record{}, idem: map[string]string{}, joins: map[string]string{},
+		applied: map[string][]job.Change{}}
 }
 
 func (f *fakeJobs) Create(_ context.Context, j *job.Job, _ job.Event, idemKey string, maxLive int) (string, bool, error) {
@@ -69,6 +71,9 @@ func (f *fakeJobs) Create(_ context.Context, j *job.Job, _ job.Event, idemKey st
 	defer f.mu.Unlock()
 	f.maxLive = append(f.maxLive, maxLive)
 	if id, ok := f.idem[j.Tenant+"/"+idemKey]; idemKey != "" && ok {
+		return id, false, nil
+	}
+	if id := f.joinable(j.JoinKey); id != "" {
 		return id, false, nil
 	}
 	if maxLive > 0 {
@@ -83,10 +88,36 @@ func (f *fakeJobs) Create(_ context.Context, j *job.Job, _ job.Event, idemKey st
 		}
 	}
 	f.recs[j.ID] = &job.Record{Job: *j, Status: job.StatusQueued}
+	if j.JoinKey != "" {
+		f.joins[j.JoinKey] = j.ID
+	}
 	if idemKey != "" {
 		f.idem[j.Tenant+"/"+idemKey] = j.ID
 	}
 	return j.ID, true, nil
+}
+
+// Joinable returns the request join key key names, as the store does.
+func (f *fakeJobs) Joinable(_ context.Context, key string) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.joinable(key), nil
+}
+
+func (f *fakeJobs) joinable(key string) string {
+	if key == "" {
+		return ""
+	}
+	return f.joins[key]
+}
+
+func (f *fakeJobs) Unjoin(_ context.Context, key, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.joins[key] == id {
+		delete(f.joins, key)
+	}
+	return nil
 }
 
 func (f *fakeJobs) Idempotent(_ context.Context, tenant, idemKey string) (string, error) {

@@ -79,10 +79,17 @@ type Accepted struct {
 	Similarity float64
 	CacheAge   time.Duration
 	Result     *job.Result
-	// Existing is true when an Idempotency-Key matched an earlier request.
+	// Existing is true when an Idempotency-Key matched an earlier request,
+	// or a compat call joined the one it repeats (job.Job.JoinKey): ID is
+	// that request's.
 	Existing bool
 	// CoalescedInto names the identical request in flight this one joined.
 	CoalescedInto string
+	// JoinKey is set when request ID holds a join key (a compat call
+	// without an Idempotency-Key, stored or joined; job.Job.JoinKey): the
+	// caller unjoins it once it has delivered the answer, so that a resend
+	// after that is a call of its own.
+	JoinKey string
 	// Ended is the terminal record of a submission that ended at once (a
 	// cache hit, or the answer of a leader that had just completed), so a
 	// caller waiting for the answer need not read it back.
@@ -131,6 +138,10 @@ type Jobs interface {
 	Create(ctx context.Context, j *job.Job, ev job.Event, idemKey string, maxLive int) (string, bool, error)
 	// Idempotent returns the request tenant submitted with idemKey, or "".
 	Idempotent(ctx context.Context, tenant, idemKey string) (string, error)
+	// Joinable returns the request whose Job.JoinKey is key, or "".
+	Joinable(ctx context.Context, key string) (string, error)
+	// Unjoin ends request id's hold on join key key.
+	Unjoin(ctx context.Context, key, id string) error
 	Apply(ctx context.Context, id string, c job.Change) (string, error)
 	Get(ctx context.Context, id string) (*job.Record, error)
 }
@@ -277,7 +288,9 @@ func (in *Intake) Submit(ctx context.Context, t Tenant, s Submission) (*Accepted
 		return nil, err
 	}
 	// A retry of a request already accepted gets that request back first:
-	// neither the rate limit nor a full queue may turn it into a 429.
+	// neither the rate limit nor a full queue may turn it into a 429. A
+	// compat call without a key is found by what it asks, until the
+	// answer of the call it repeats has reached a caller (join.go).
 	if s.IdempotencyKey != "" {
 		id, err := in.jobs.Idempotent(ctx, t.Name, s.IdempotencyKey)
 		if err != nil {
@@ -285,6 +298,17 @@ func (in *Intake) Submit(ctx context.Context, t Tenant, s Submission) (*Accepted
 		}
 		if id != "" {
 			return in.existing(ctx, id, s)
+		}
+	}
+	if j.JoinKey != "" {
+		id, err := in.jobs.Joinable(ctx, j.JoinKey)
+		if err != nil {
+			return nil, err
+		}
+		if id != "" {
+			if a, ok, err := in.join(ctx, j, id, s); ok || err != nil {
+				return a, err
+			}
 		}
 	}
 	if in.limiter != nil && t.RateLimitRPM > 0 {
@@ -328,10 +352,39 @@ func (in *Intake) Submit(ctx context.Context, t Tenant, s Submission) (*Accepted
 	if err != nil {
 		return nil, err
 	}
+	if !created && j.JoinKey != "" { // its join key named another request
+		if a, ok, err := in.join(ctx, j, id, s); ok || err != nil {
+			return a, err
+		}
+		return nil, fmt.Errorf("intake: the request %s a resend joined is gone; send it again", id)
+	}
 	if !created {
 		return in.existing(ctx, id, s)
 	}
-	return in.stored(ctx, j, s)
+	a, err := in.stored(ctx, j, s)
+	if a != nil {
+		a.JoinKey = j.JoinKey // held in Redis until the answer is delivered
+	}
+	return a, err
+}
+
+// join answers a resent compat call with the request id its join key
+// names (join.go). A key whose record is gone (lost in a failover) holds
+// nothing: it is dropped and ok is false, so the call is taken as new.
+func (in *Intake) join(ctx context.Context, j *job.Job, id string, s Submission) (*Accepted, bool, error) {
+	a, err := in.existing(ctx, id, s)
+	if errors.Is(err, job.ErrNotFound) {
+		if err := in.jobs.Unjoin(ctx, j.JoinKey, id); err != nil {
+			return nil, false, err
+		}
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	in.logger.Debug("intake: a resent compat call joins the request it repeats", "request_id", id)
+	a.JoinKey = j.JoinKey
+	return a, true, nil
 }
 
 // stored takes a request just stored to its queue, or to the identical

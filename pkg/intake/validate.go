@@ -185,6 +185,9 @@ func (in *Intake) build(t Tenant, s Submission) (*job.Job, error) {
 	if in.cache != nil && in.cfg.CacheEnabled {
 		j.CacheKey = in.cache.Ref(j)
 	}
+	if j.Answered {
+		j.JoinKey = joinKey(j) // a compat call without a key: join.go
+	}
 	return j, nil
 }
 

@@ -13,6 +13,7 @@
 //	p ev:{id}      stream of events (field "e": Event JSON); the stream ID is the SSE event id
 //	p events       pub/sub channel: "{id} {streamID} {event JSON}" for every event
 //	p idem:{tenant}:{key}  idempotency key → job id
+//	p join:{join key}      a compat call's Job.JoinKey → its job id, until its answer is delivered
 //
 // Every status change is one Lua script that checks the current status,
 // writes the new one, appends the event and publishes it, so a cancelled or
@@ -108,6 +109,13 @@ type Job struct {
 	// once it has ended but by id, which history answers, so the record
 	// is kept only EndedEventsTTL after the end (finish, Change.Keep).
 	Answered bool `json:"answered,omitempty"`
+	// JoinKey names what the request asked, for a compat call without an
+	// Idempotency-Key (intake computes it from the tenant and the whole
+	// request, cache settings included): a resend of it — an SDK's
+	// automatic retry, or its own timeout and retry — arriving before the
+	// answer reached a caller joins this request instead of becoming a
+	// request of its own (Store.Joinable, Store.Unjoin). "" for the others.
+	JoinKey string `json:"join_key,omitempty"`
 }
 
 // Cached says where a request's answer came from: its own provider call

@@ -78,6 +78,7 @@ func (s *Store) tenantLiveKey(tenant string) string { return s.prefix + "live-of
 func (s *Store) idemKey(tenant, key string) string {
 	return s.prefix + "idem:" + tenant + ":" + key
 }
+func (s *Store) joinKey(key string) string { return s.prefix + "join:" + key }
 
 // Channel is the pub/sub channel every event is published on.
 func (s *Store) Channel() string { return s.prefix + "events" }
@@ -87,7 +88,8 @@ func (s *Store) Channel() string { return s.prefix + "events" }
 //
 // KEYS[1] job hash, KEYS[2] event stream, KEYS[3] idempotency key (KEYS[1]
 // again for none: a key in the same hash slot, as Redis Cluster requires),
-// KEYS[4] live set, KEYS[5] the tenant's live set
+// KEYS[4] live set, KEYS[5] the tenant's live set, KEYS[6] join key
+// (Job.JoinKey; KEYS[1] again for none)
 // ARGV[1] job JSON, ARGV[2] status, ARGV[3] event JSON, ARGV[4] channel,
 // ARGV[5] id, ARGV[6] ttl of the idempotency key and an abandoned record (s),
 // ARGV[7] max events, ARGV[8] creation time (Unix ms), ARGV[9] the tenant's
@@ -97,10 +99,15 @@ func (s *Store) Channel() string { return s.prefix + "events" }
 // ttl of the ended record (s), ARGV[15] reason, ARGV[16] code, ARGV[17] detail,
 // ARGV[18] ttl of the ended request's event stream (s)
 // Reply: {1, streamID of the last event} created; {0, existingID}
-// idempotency key already used; {2, count} the tenant is at its limit.
+// idempotency key or join key already used; {2, count} the tenant is at
+// its limit.
 var createScript = redis.NewScript(`
 if KEYS[3] ~= KEYS[1] then
   local prev = redis.call("GET", KEYS[3])
+  if prev then return {0, prev} end
+end
+if KEYS[6] ~= KEYS[1] then
+  local prev = redis.call("GET", KEYS[6])
   if prev then return {0, prev} end
 end
 local limit = tonumber(ARGV[9])
@@ -114,6 +121,7 @@ if limit > 0 then
   if n >= limit then return {2, tostring(n)} end
 end
 if KEYS[3] ~= KEYS[1] then redis.call("SET", KEYS[3], ARGV[5], "EX", ARGV[6]) end
+if KEYS[6] ~= KEYS[1] and ARGV[11] == "" then redis.call("SET", KEYS[6], ARGV[5], "EX", ARGV[6]) end
 -- One HSET with every field: queued, or already ended (a cache hit).
 local fields = {"job", ARGV[1], "status", ARGV[2], "state", "{}"}
 if ARGV[11] ~= "" then fields[4], fields[6] = ARGV[11], ARGV[12] end
@@ -154,8 +162,10 @@ return {1, sid}
 var ErrTenantFull = errors.New("job: the tenant has its limit of requests in flight")
 
 // Create stores a new job in status queued with its first event. With an
-// idempotency key already used by the tenant it stores nothing and returns
-// the earlier request's id and created=false. With maxLive > 0 and that
+// idempotency key already used by the tenant, or a Job.JoinKey that still
+// names a request (Joinable), it stores nothing and returns the earlier
+// request's id and created=false; otherwise the join key names j from now
+// until Unjoin, or until j's record goes. With maxLive > 0 and that
 // many of the tenant's requests not ended yet, it stores nothing and
 // returns ErrTenantFull (the idempotency key is looked up first: a retry of
 // an accepted request gets its id back even then).
@@ -205,8 +215,12 @@ func (s *Store) create(ctx context.Context, j *Job, ev Event, idemKey string, ma
 	} else {
 		args = append(args, "", "", "", 0, "", "", "", 0)
 	}
+	jk := s.jobKey(j.ID) // none, as ik
+	if j.JoinKey != "" && end == nil {
+		jk = s.joinKey(j.JoinKey)
+	}
 	res, err := createScript.Run(ctx, s.rdb,
-		[]string{s.jobKey(j.ID), s.streamKey(j.ID), ik, s.liveKey(), s.tenantLiveKey(j.Tenant)}, args...).Slice()
+		[]string{s.jobKey(j.ID), s.streamKey(j.ID), ik, s.liveKey(), s.tenantLiveKey(j.Tenant), jk}, args...).Slice()
 	if err != nil {
 		return "", false, fmt.Errorf("job: create %s: %w", j.ID, err)
 	}
@@ -225,7 +239,9 @@ func (s *Store) create(ctx context.Context, j *Job, ev Event, idemKey string, ma
 
 // transitionScript changes a request's status and appends its event.
 //
-// KEYS[1] job hash, KEYS[2] event stream, KEYS[3] live set
+// KEYS[1] job hash, KEYS[2] event stream, KEYS[3] live set, KEYS[4] the
+// request's join key, which an ending makes go with the record (KEYS[1]
+// again for none)
 // ARGV[1] new status ("" keeps it), ARGV[2] state JSON ("" keeps it),
 // ARGV[3] event JSON ("" for none), ARGV[4] channel, ARGV[5] id,
 // ARGV[6] ttl seconds to set when the new status is terminal (0 none),
@@ -257,6 +273,7 @@ if tonumber(ARGV[6]) > 0 then
   redis.call("EXPIRE", KEYS[1], ARGV[6])
   redis.call("EXPIRE", KEYS[2], ARGV[11])
   redis.call("ZREM", KEYS[3], ARGV[5])
+  if KEYS[4] ~= KEYS[1] and redis.call("GET", KEYS[4]) == ARGV[5] then redis.call("EXPIRE", KEYS[4], ARGV[6]) end
 end
 return {1, sid}
 `)
@@ -272,6 +289,10 @@ type Change struct {
 	// Keep is how long an ending keeps the record (0: the store's result
 	// TTL); its event stream goes after EndedEventsTTL at the most.
 	Keep time.Duration
+	// Join is the request's Job.JoinKey: an ending keeps it only as long
+	// as the record (Keep), for a resend whose caller never got the
+	// answer. "" for none.
+	Join string
 }
 
 // Apply applies c unless the request has ended. It returns the event's
@@ -285,7 +306,11 @@ func (s *Store) Apply(ctx context.Context, id string, c Change) (string, error) 
 	if c.Status.Terminal() {
 		ttl = max(1, int(keep.Seconds()))
 	}
-	res, err := transitionScript.Run(ctx, s.rdb, []string{s.jobKey(id), s.streamKey(id), s.liveKey()},
+	jk := s.jobKey(id) // none
+	if c.Join != "" && c.Status.Terminal() {
+		jk = s.joinKey(c.Join)
+	}
+	res, err := transitionScript.Run(ctx, s.rdb, []string{s.jobKey(id), s.streamKey(id), s.liveKey(), jk},
 		string(c.Status), state, event, s.Channel(), id, ttl, c.Reason, MaxEvents, string(c.Code), c.Detail,
 		eventsTTL(keep)).Slice()
 	if err != nil {
@@ -527,6 +552,37 @@ func (s *Store) Missing(ctx context.Context, ids []string) ([]string, error) {
 		}
 	}
 	return missing, nil
+}
+
+// Joinable returns the request whose Job.JoinKey is key, or "" when there
+// is none: the one a resend of it joins. The key names a request from its
+// creation until Unjoin (its answer was delivered) or until its record
+// goes; a record lost without its key (a failover) reads ErrNotFound, and
+// the caller unjoins it.
+func (s *Store) Joinable(ctx context.Context, key string) (string, error) {
+	id, err := s.rdb.Get(ctx, s.joinKey(key)).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("job: join key: %w", err)
+	}
+	return id, nil
+}
+
+// unjoinScript deletes KEYS[1] only if it still names ARGV[1].
+var unjoinScript = redis.NewScript(`
+if redis.call("GET", KEYS[1]) == ARGV[1] then return redis.call("DEL", KEYS[1]) end
+return 0`)
+
+// Unjoin ends request id's hold on join key key (a no-op when the key
+// names another request or none): its answer has reached a caller, so a
+// resend from now on is a call of its own.
+func (s *Store) Unjoin(ctx context.Context, key, id string) error {
+	if err := unjoinScript.Run(ctx, s.rdb, []string{s.joinKey(key)}, id).Err(); err != nil {
+		return fmt.Errorf("job: unjoin %s: %w", id, err)
+	}
+	return nil
 }
 
 // Idempotent returns the id of the request tenant already submitted with

@@ -243,3 +243,66 @@ func TestCreateEnded(t *testing.T) {
 		t.Fatal("a request cannot be stored ended as running")
 	}
 }
+
+// A join key names its request from its creation until Unjoin: a create
+// with it meanwhile stores nothing and returns that request, ended or not.
+// An ending keeps the key only as long as the record; Unjoin drops it (only
+// for the request it names), and the same call is then new.
+func TestJoinKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	s := job.NewStore(rdb, "b:", time.Hour)
+	withKey := func(id string) *job.Job {
+		j := newJob(id)
+		j.JoinKey, j.Answered = "k1", true
+		return j
+	}
+	if id, err := s.Joinable(ctx, "k1"); err != nil || id != "" {
+		t.Fatalf("joinable before: %q %v", id, err)
+	}
+	if _, created, err := s.Create(ctx, withKey("r1"), job.Event{Type: job.EventQueued}, "", 0); err != nil || !created {
+		t.Fatalf("create r1: %v %v", created, err)
+	}
+	if id, err := s.Joinable(ctx, "k1"); err != nil || id != "r1" {
+		t.Fatalf("joinable: %q %v, want r1", id, err)
+	}
+	id, created, err := s.Create(ctx, withKey("r2"), job.Event{Type: job.EventQueued}, "", 0)
+	if err != nil || created || id != "r1" {
+		t.Fatalf("create r2: %q %v %v, want r1 not created", id, created, err)
+	}
+	if _, err := s.Get(ctx, "r2"); !errors.Is(err, job.ErrNotFound) {
+		t.Fatalf("r2 stored: %v", err)
+	}
+	if _, err := s.Apply(ctx, "r1", job.Change{Status: job.StatusCompleted, Join: "k1", Keep: job.EndedEventsTTL}); err != nil {
+		t.Fatal(err)
+	}
+	if id, _ := s.Joinable(ctx, "k1"); id != "r1" {
+		t.Fatalf("ended, not delivered: joinable %q, want r1", id)
+	}
+	if ttl := rdb.TTL(ctx, "b:join:k1").Val(); ttl <= 0 || ttl > job.EndedEventsTTL {
+		t.Fatalf("join key TTL after the end %s, want the record's %s", ttl, job.EndedEventsTTL)
+	}
+	if err := s.Unjoin(ctx, "k1", "r0"); err != nil { // another request's: a no-op
+		t.Fatal(err)
+	}
+	if id, _ := s.Joinable(ctx, "k1"); id != "r1" {
+		t.Fatalf("after another's unjoin: joinable %q, want r1", id)
+	}
+	if err := s.Unjoin(ctx, "k1", "r1"); err != nil {
+		t.Fatal(err)
+	}
+	if id, _ := s.Joinable(ctx, "k1"); id != "" {
+		t.Fatalf("delivered: joinable %q", id)
+	}
+	if _, created, err := s.Create(ctx, withKey("r3"), job.Event{Type: job.EventQueued}, "", 0); err != nil || !created {
+		t.Fatalf("create r3 after the answer was delivered: %v %v", created, err)
+	}
+	// r1's late second ending (refused) and unjoin leave r3's key alone.
+	if err := s.Unjoin(ctx, "k1", "r1"); err != nil {
+		t.Fatal(err)
+	}
+	if id, _ := s.Joinable(ctx, "k1"); id != "r3" {
+		t.Fatalf("joinable %q, want r3", id)
+	}
+}

@@ -53,6 +53,7 @@ const (
 	TaskTimeoutDefault  = 15 * time.Minute
 	MaxRetryDefault     = 8
 	PrefixDefault       = "bulwark:"
+	MaxWaitDefault      = 300 * time.Second
 	FallbackRateDefault = 1.0 // requests/s assumed without Capacity before anything was measured
 	// minRateSamples is how many starts a measured rate needs.
 	minRateSamples = 5
@@ -112,6 +113,10 @@ type Config struct {
 	MaxRetry int
 	// Prefix of Bulwark's own keys. Default PrefixDefault ("bulwark:").
 	Prefix string
+	// MaxWait is the longest a request waits to start before it fails
+	// (queue_max_wait): a full queue has room by then at the latest, so it
+	// bounds the Retry-After of a refusal. Default MaxWaitDefault (300s).
+	MaxWait time.Duration
 }
 
 // WithDefaults returns c with its zero fields set to their defaults.
@@ -131,6 +136,9 @@ func (c Config) WithDefaults() Config {
 	if c.Prefix == "" {
 		c.Prefix = PrefixDefault
 	}
+	if c.MaxWait == 0 {
+		c.MaxWait = MaxWaitDefault
+	}
 	return c
 }
 
@@ -143,6 +151,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("queue: Config.RateWindow must be positive, got %s", c.RateWindow)
 	case c.TaskTimeout <= 0:
 		return fmt.Errorf("queue: Config.TaskTimeout must be positive, got %s", c.TaskTimeout)
+	case c.MaxWait <= 0:
+		return fmt.Errorf("queue: Config.MaxWait must be positive, got %s", c.MaxWait)
 	case c.MaxRetry < 0:
 		return fmt.Errorf("queue: Config.MaxRetry must be at least 0, got %d", c.MaxRetry)
 	case !(c.Capacity >= 0) || math.IsInf(c.Capacity, 0):
