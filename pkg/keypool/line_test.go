@@ -2,6 +2,7 @@ package keypool
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -193,4 +194,30 @@ func TestLineSpacesTheRoute(t *testing.T) {
 	// route interval (0.25 s) apart rather than together.
 	gap := leases[5].NotBefore.Sub(leases[4].NotBefore)
 	require.InDelta(t, 0.25, gap.Seconds(), 0.02, "the refilled keys' grants are spaced by the route interval")
+}
+
+// TestLineSpacedWaiterComesBackOnTime: a waiter refused only because the
+// route's next grant is spaced is told to come back for that grant (one
+// route interval), not for its key's refill after it (a key interval): a
+// CRITICAL request used to sleep the longest recheck (200 ms) instead.
+func TestLineSpacedWaiterComesBackOnTime(t *testing.T) {
+	keys := make([]Key, 4)
+	for i := range keys {
+		keys[i] = key(fmt.Sprintf("k%d", i+1), haiku, 120, 1_000_000) // 2 a second each: 8 in all, 125 ms apart
+	}
+	b := build(t, Config{Pace: 1, Keys: keys})
+	t0 := time.UnixMilli(1_700_000_000_000)
+	w := func(i int) Waiter {
+		return Waiter{ID: fmt.Sprintf("w%d", i), Priority: priority.Normal, Since: t0.Add(time.Duration(i) * time.Millisecond)}
+	}
+	// One request of each key's burst: each key still holds one.
+	for i := range 4 {
+		l, ee := b.ask(t, w(i), 0)
+		require.NotNil(t, l, "waiter %d: %v", i, ee)
+	}
+	// Every key could serve now, but the route's grants are spaced.
+	l, ee := b.ask(t, w(4), 0)
+	require.Nil(t, l, "granted although the last grant was just now")
+	require.Less(t, ee.RetryAfter, 200*time.Millisecond,
+		"told to wait %s: the next grant is one route interval (125 ms) away, not a key interval (500 ms)", ee.RetryAfter)
 }

@@ -242,9 +242,13 @@ for _, k in ipairs(ks) do
     if free then
       grants = grants + c
     elseif q <= ahead then
+      -- One spaced grant within the horizon; the next is an interval on.
       spaced = true
+      if spaceAt + S > after then after = spaceAt + S end
+    else
+      -- Held back by spacing alone: this key's next moment is q.
+      after = q
     end
-    if not free and spaceAt > after then after = spaceAt end
     if nextWait < 0 or after < nextWait then nextWait, nextReason = after, why end
   end
   if hard == 0 and q <= ahead then

@@ -187,6 +187,10 @@ type FleetStats struct {
 	// of submit → the answered call's start, and of that call's end → the
 	// answer at the client (where the extra time goes).
 	CriticalBeforeCall, CriticalAfterCall [2]time.Duration
+	// CriticalSteps splits the time before the call further, p50 and p99
+	// of each: submit → accepted (history created_at), accepted → slot
+	// (started_at), slot → the answered call's start (the key line).
+	CriticalSteps [3][2]time.Duration
 	// HistoryMissing counts the requests Bulwark accepted (an id came
 	// back) that have no history row; HistoryErr says why history could
 	// not be read at all.
@@ -225,6 +229,7 @@ func fleetMeasure(outcomes []outcome, prompts []string, rows map[string]historyR
 
 	e2e := map[string][]time.Duration{}
 	var overCall, beforeCall, afterCall []time.Duration
+	var steps [3][]time.Duration
 	for i, o := range outcomes {
 		if o.id != "" && rows != nil {
 			if _, ok := rows[o.id]; !ok {
@@ -244,6 +249,11 @@ func fleetMeasure(outcomes []outcome, prompts []string, rows map[string]historyR
 				overCall = append(overCall, d-call)
 				beforeCall = append(beforeCall, lastStart[prompts[i]].Sub(o.sentAt))
 				afterCall = append(afterCall, o.sentAt.Add(d).Sub(lastEnd[prompts[i]]))
+				if r, ok := rows[o.id]; ok && !r.started.IsZero() {
+					steps[0] = append(steps[0], r.created.Sub(o.sentAt))
+					steps[1] = append(steps[1], r.started.Sub(r.created))
+					steps[2] = append(steps[2], lastStart[prompts[i]].Sub(r.started))
+				}
 			}
 		}
 	}
@@ -255,6 +265,9 @@ func fleetMeasure(outcomes []outcome, prompts []string, rows map[string]historyR
 	fs.CriticalCalls, fs.CriticalOverCall = len(overCall), percentile(overCall, 0.99)
 	fs.CriticalBeforeCall = [2]time.Duration{percentile(beforeCall, 0.50), percentile(beforeCall, 0.99)}
 	fs.CriticalAfterCall = [2]time.Duration{percentile(afterCall, 0.50), percentile(afterCall, 0.99)}
+	for k, v := range steps {
+		fs.CriticalSteps[k] = [2]time.Duration{percentile(v, 0.50), percentile(v, 0.99)}
+	}
 
 	// Queue waits and out-of-order starts, from history, by priority and
 	// route.
@@ -392,6 +405,9 @@ func (fs FleetStats) String() string {
 		" crit_before_call_p50/p99=%s/%s crit_after_call_p50/p99=%s/%s",
 		sec(fs.IdealWait), fs.LowWaitRatio, fs.LowE2ERatio, sec(fs.CriticalOverCall), fs.CriticalCalls,
 		sec(fs.CriticalBeforeCall[0]), sec(fs.CriticalBeforeCall[1]), sec(fs.CriticalAfterCall[0]), sec(fs.CriticalAfterCall[1]))
+	st := fs.CriticalSteps
+	fmt.Fprintf(&b, " crit_accept/slot/key_p50=%s/%s/%s crit_accept/slot/key_p99=%s/%s/%s",
+		sec(st[0][0]), sec(st[1][0]), sec(st[2][0]), sec(st[0][1]), sec(st[1][1]), sec(st[2][1]))
 	for _, p := range priority.All {
 		ps, ok := fs.ByPriority[p.String()]
 		if !ok {
