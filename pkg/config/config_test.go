@@ -20,8 +20,9 @@ func env(m map[string]string) func(string) (string, bool) {
 var baseEnv = map[string]string{"BULWARK_ADMIN_TOKEN": "adm", "BULWARK_DEV_TOKEN": "dev",
 	"CLAUDE_API_KEY_1": "ck1", "CLAUDE_API_KEY_2": "ck2", "OPENAI_API_KEY_PROJECT_A": "oka", "OPENAI_API_KEY_PROJECT_B": "okb"}
 
-func TestRepoConfigLoads(t *testing.T) {
-	t.Parallel()
+// parseRepoConfig parses the repository's config.yaml with baseEnv.
+func parseRepoConfig(t *testing.T) *config.Config {
+	t.Helper()
 	b, err := os.ReadFile("../../config.yaml")
 	if err != nil {
 		t.Fatal(err)
@@ -30,6 +31,12 @@ func TestRepoConfigLoads(t *testing.T) {
 	if err != nil {
 		t.Fatalf("config.yaml: %v", err)
 	}
+	return c
+}
+
+func TestRepoConfigLoads(t *testing.T) {
+	t.Parallel()
+	c := parseRepoConfig(t)
 	if c.Queue.MaxConcurrentLLMCalls != 20 || c.Queue.Reserved[priority.Critical] != 5 || c.Queue.Reserved[priority.Low] != 1 {
 		t.Errorf("queue defaults: %+v", c.Queue)
 	}
@@ -258,14 +265,7 @@ func TestRouteOrder(t *testing.T) {
 // charge; Anthropic, Bedrock and local servers settle to usage.
 func TestKeypoolMetering(t *testing.T) {
 	t.Parallel()
-	b, err := os.ReadFile("../../config.yaml")
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := config.Parse(b, env(baseEnv))
-	if err != nil {
-		t.Fatalf("config.yaml: %v", err)
-	}
+	c := parseRepoConfig(t)
 	kc := c.KeypoolConfig()
 	if len(kc.Keys) == 0 {
 		t.Fatal("config.yaml has no keys")

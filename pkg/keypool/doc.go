@@ -152,15 +152,18 @@
 // waiter is told when its turn is likely: the first moment beyond the
 // horizon, plus one refill of the route (the keys' summed rate) per
 // waiter between it and that moment, or sooner when a cooling key frees.
-// Grants made in line are also spaced: on a saturated route they are
-// spread one route interval apart (one minute over the summed request
+// Grants made in line are also spaced: on a saturated route (more
+// waiters in line than keys that may serve) they are spread one route
+// interval apart (one minute over the summed request
 // rate of the keys that may serve), from the route's last grant. Keys
 // drained together (a storm's first burst) otherwise refill together and
 // serve in bursts a whole key interval apart: four 120-RPM keys serve 4
 // at once, then nothing for half a second, and a CRITICAL request that
 // arrives in between waits for the next burst. A key that holds a request
 // beyond this one (burst room), or would overflow within the interval, is
-// not held back, so spacing never costs capacity.
+// not held back, so spacing never costs the keys' capacity; and a route
+// the keys keep up with is not spaced at all, since there the interval
+// would only lengthen how long a request holds its slot.
 // A registration lapses Config.LineTTL after its last ask, so a dead
 // worker's waiter holds the others back for at most that long; a waiter
 // that stops asking calls Leave. Asks without a Waiter ignore the line.

@@ -169,30 +169,35 @@ func TestLineIgnoredWithoutWaiter(t *testing.T) {
 }
 
 // TestLineSpacesTheRoute: keys that refill together (here two of 120 RPM
-// drained at once) do not serve in bursts when they serve a line: the
-// grants are spread one route interval apart (1/4 s for 4 requests/s), so
-// a request arriving between two bursts does not wait a whole key
-// interval. A key with burst room is not held back.
+// drained at once) do not serve a saturated line in bursts: the grants
+// are spread one route interval apart (1/4 s for 4 requests/s), so a
+// request arriving between two bursts does not wait a whole key interval.
+// A key with burst room, or a line the keys keep up with, is not held
+// back.
 func TestLineSpacesTheRoute(t *testing.T) {
 	b := build(t, Config{Pace: 1, Keys: []Key{key("k1", haiku, 120, 1_000_000), key("k2", haiku, 120, 1_000_000)}})
-	// Full buckets (2 requests each) serve at once: burst room.
 	t0 := time.UnixMilli(1_700_000_000_000)
 	w := func(i int) Waiter {
-		return Waiter{ID: string(rune('a' + i)), Priority: priority.Normal, Since: t0.Add(time.Duration(i) * time.Millisecond)}
+		return Waiter{ID: fmt.Sprintf("w%d", i), Priority: priority.Normal, Since: t0.Add(time.Duration(i) * time.Millisecond)}
 	}
-	var leases []*Lease
-	for i := range 6 {
-		l, ee := b.ask(t, w(i), time.Second)
-		if l == nil {
-			t.Fatalf("waiter %d refused (%v) though the keys serve 4 now and 2 more within a second", i, ee)
-		}
-		leases = append(leases, l)
+	// Full buckets (2 requests each) serve a short line at once.
+	for i := range 4 {
+		l, ee := b.ask(t, w(i), 0)
+		require.NotNil(t, l, "waiter %d refused (%v) from full buckets", i, ee)
+		require.Zero(t, l.Delay())
 	}
-	require.Zero(t, leases[0].Delay())
-	require.Zero(t, leases[1].Delay(), "a full bucket's burst is not spaced")
-	// The last two come due when the drained keys refill (0.5 s), one
-	// route interval (0.25 s) apart rather than together.
-	gap := leases[5].NotBefore.Sub(leases[4].NotBefore)
+	// Four more wait: the line is longer than the keys that serve it.
+	for i := 4; i < 8; i++ {
+		l, _ := b.ask(t, w(i), 0)
+		require.Nil(t, l, "waiter %d granted from drained keys", i)
+	}
+	// Both keys refill at 0.5 s; their grants come one route interval
+	// (0.25 s) apart rather than together.
+	l4, ee := b.ask(t, w(4), time.Second)
+	require.NotNil(t, l4, "%v", ee)
+	l5, ee := b.ask(t, w(5), time.Second)
+	require.NotNil(t, l5, "%v", ee)
+	gap := l5.NotBefore.Sub(l4.NotBefore)
 	require.InDelta(t, 0.25, gap.Seconds(), 0.02, "the refilled keys' grants are spaced by the route interval")
 }
 
@@ -210,13 +215,21 @@ func TestLineSpacedWaiterComesBackOnTime(t *testing.T) {
 	w := func(i int) Waiter {
 		return Waiter{ID: fmt.Sprintf("w%d", i), Priority: priority.Normal, Since: t0.Add(time.Duration(i) * time.Millisecond)}
 	}
-	// One request of each key's burst: each key still holds one.
-	for i := range 4 {
+	// The keys' bursts go at once; five more wait in line.
+	for i := range 8 {
 		l, ee := b.ask(t, w(i), 0)
 		require.NotNil(t, l, "waiter %d: %v", i, ee)
 	}
-	// Every key could serve now, but the route's grants are spaced.
-	l, ee := b.ask(t, w(4), 0)
+	for i := 8; i < 13; i++ {
+		l, _ := b.ask(t, w(i), 0)
+		require.Nil(t, l)
+	}
+	// Every key holds one request again, but the route's grants are
+	// spaced from the last one, just now.
+	for i := range keys {
+		require.NoError(t, b.rdb.HSet(context.Background(), stateKey(b.cfg.Prefix, keys[i].ID), "rl", 1).Err())
+	}
+	l, ee := b.ask(t, w(8), 0)
 	require.Nil(t, l, "granted although the last grant was just now")
 	require.Less(t, ee.RetryAfter, 200*time.Millisecond,
 		"told to wait %s: the next grant is one route interval (125 ms) away, not a key interval (500 ms)", ee.RetryAfter)
