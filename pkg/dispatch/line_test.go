@@ -8,10 +8,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+
 	"bulwark/pkg/breaker"
 	"bulwark/pkg/job"
 	"bulwark/pkg/keypool"
 	"bulwark/pkg/llm"
+	"bulwark/pkg/metrics"
 	"bulwark/pkg/priority"
 	"bulwark/pkg/secret"
 	"bulwark/pkg/slots"
@@ -60,11 +64,12 @@ func TestKeyLineOrder(t *testing.T) {
 		t.Fatal(err)
 	}
 	client := &orderClient{calls: make(chan string, 8)}
+	m := metrics.New(prometheus.NewRegistry())
 	jobs := &fakeJobs{recs: map[string]*job.Record{}, changes: map[string][]job.Change{}}
 	d := New(Config{Clients: map[llm.Provider]llm.Client{llm.ProviderClaude: client},
 		ModelName: func(llm.Route) string { return "m" }, PaceWait: 10 * time.Second, HoldWait: 20 * time.Second},
 		Deps{Jobs: jobs, Starts: &fakeStarts{}, Slots: lim, Pool: pool, Breakers: set,
-			Finisher: &fakeFinisher{jobs: jobs, trail: &trail{}}, Logger: slog.New(slog.DiscardHandler)})
+			Finisher: &fakeFinisher{jobs: jobs, trail: &trail{}}, Metrics: m, Logger: slog.New(slog.DiscardHandler)})
 	h := &harness{t: t, jobs: jobs, d: d}
 	t0 := time.Now()
 	submit := func(id string, p priority.Priority, age time.Duration) {
@@ -118,5 +123,14 @@ func TestKeyLineOrder(t *testing.T) {
 	defer client.mu.Unlock()
 	if !slices.Equal(client.order, want) {
 		t.Fatalf("calls in order %v, want %v", client.order, want)
+	}
+	// The CRITICAL request's wait for its key (about one refill) is in
+	// bulwark_key_wait_seconds.
+	var crit dto.Metric
+	if err := m.KeyWait.WithLabelValues("critical", string(sonnet.Provider), sonnet.Tier).(prometheus.Histogram).Write(&crit); err != nil {
+		t.Fatal(err)
+	}
+	if n, sum := crit.GetHistogram().GetSampleCount(), crit.GetHistogram().GetSampleSum(); n != 1 || sum < 0.3 {
+		t.Errorf("key wait of the CRITICAL request: %d observations, %.3f s; want one of about a refill (1 s)", n, sum)
 	}
 }

@@ -304,9 +304,12 @@ func (d *Dispatcher) callKey(ctx context.Context, client llm.Client, lease *keyp
 // back while the request waits).
 func (d *Dispatcher) acquire(ctx context.Context, r llm.Route, est int, w keypool.Waiter) (*keypool.Lease, outcome, routeResult) {
 	var ee *keypool.ExhaustedError
+	start := time.Now()
 	for {
 		lease, err := d.pool.Acquire(ctx, r, est, keypool.Within(reserveAhead), keypool.InLine(w))
 		if err == nil {
+			d.metrics.KeyWait.WithLabelValues(w.Priority.String(), string(r.Provider), r.Tier).
+				Observe((time.Since(start) + lease.Delay()).Seconds())
 			return lease, outcome{}, routeOK
 		}
 		soft := errors.As(err, &ee) && (ee.Reason == keypool.ReasonRequests || ee.Reason == keypool.ReasonTokens)

@@ -40,6 +40,7 @@ const (
 	NameProviderCalls     = "bulwark_provider_calls_total"
 	NameProviderLatency   = "bulwark_provider_latency_seconds"
 	NameRequestDuration   = "bulwark_request_duration_seconds"
+	NameKeyWait           = "bulwark_key_wait_seconds"
 	NameRequests          = "bulwark_requests_total"
 	NameRequestsSubmitted = "bulwark_requests_submitted_total"
 	NameCacheLookups      = "bulwark_cache_lookups_total"
@@ -120,6 +121,9 @@ var (
 	// boundary so that the P95 > 15 s alert is read exactly, not
 	// interpolated.
 	requestDurationBuckets = []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 15, 20, 30, 60, 120, 180, 300}
+	// keyWaitBuckets spans a turn in a route's key line: a route interval
+	// (tens of milliseconds) up to worker.pace_wait (2 s) and a little past.
+	keyWaitBuckets = []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2, 4}
 )
 
 // Metrics holds the collectors one process updates. All fields are safe for
@@ -136,6 +140,12 @@ type Metrics struct {
 	// submit to its final state, by priority and cached ("true" when the
 	// answer came from the cache or a coalesced twin, else "false").
 	RequestDuration *prometheus.HistogramVec
+	// KeyWait observes how long a request that held its slot waited for
+	// its turn at a key (the route's key line, and the reserved moment),
+	// in seconds, by priority, provider and tier: the wait a report of the
+	// slots alone cannot see (a CRITICAL request behind LOW ones at the
+	// keys would show here).
+	KeyWait *prometheus.HistogramVec
 	// Requests counts finished requests by priority and status
 	// (StatusCompleted, StatusFailed, StatusCancelled).
 	Requests *prometheus.CounterVec
@@ -202,6 +212,11 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help:    "End-to-end request time in seconds, from submit to the final state.",
 			Buckets: requestDurationBuckets,
 		}, []string{"priority", "cached"}),
+		KeyWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    NameKeyWait,
+			Help:    "Time a request holding its slot waited for its turn at a key of its route, in seconds.",
+			Buckets: keyWaitBuckets,
+		}, []string{"priority", "provider", "tier"}),
 		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: NameRequests,
 			Help: "Finished requests by priority and final status.",
@@ -265,7 +280,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(
-			m.ProviderCalls, m.ProviderLatency, m.RequestDuration, m.Requests,
+			m.ProviderCalls, m.ProviderLatency, m.RequestDuration, m.KeyWait, m.Requests,
 			m.RequestsSubmitted, m.CacheLookups, m.Coalesced, m.Fallbacks,
 			m.AdmissionRejected, m.Tokens, m.CostUSD, m.KeyCooldowns,
 			m.KeysDisabled, m.CacheUnavailable, m.HistoryErrors, m.HistoryDropped, m.RequestsLost, m.TokensSaved,
@@ -312,7 +327,7 @@ func (m *Metrics) InitKeys(keyIDs ...string) {
 // of New and those of NewStateCollector, in no particular order.
 func FamilyNames() []string {
 	return []string{
-		NameProviderCalls, NameProviderLatency, NameRequestDuration, NameRequests,
+		NameProviderCalls, NameProviderLatency, NameRequestDuration, NameKeyWait, NameRequests,
 		NameRequestsSubmitted, NameCacheLookups, NameCoalesced, NameFallbacks,
 		NameAdmissionRejected, NameTokens, NameCostUSD, NameKeyCooldowns,
 		NameKeysDisabled, NameCacheUnavailable, NameHistoryErrors, NameHistoryDropped, NameRequestsLost, NameTokensSaved,

@@ -46,6 +46,7 @@ func fullRegistry(t *testing.T) (*prometheus.Registry, *Metrics) {
 	m.ObserveCall(claudeSonnet, "claude-1", nil, 800*time.Millisecond)
 	m.ObserveCall(claudeSonnet, "claude-1", &llm.Error{Class: llm.ClassRateLimited, Status: 429}, 50*time.Millisecond)
 	m.RequestDuration.WithLabelValues("high", CachedFalse).Observe(3.2)
+	m.KeyWait.WithLabelValues("critical", "claude", "sonnet").Observe(0.08)
 	m.Requests.WithLabelValues("high", StatusCompleted).Inc()
 	m.RequestsSubmitted.WithLabelValues("high").Inc()
 	m.CacheLookups.WithLabelValues("agent", CacheResultSemantic).Inc()
@@ -124,6 +125,7 @@ func TestNewRegistersEveryFamily(t *testing.T) {
 	wantTypes := map[string]dto.MetricType{
 		NameProviderLatency:      dto.MetricType_HISTOGRAM,
 		NameRequestDuration:      dto.MetricType_HISTOGRAM,
+		NameKeyWait:              dto.MetricType_HISTOGRAM,
 		NameQueueDepth:           dto.MetricType_GAUGE,
 		NameQueueOldestWait:      dto.MetricType_GAUGE,
 		NameSlotsInUse:           dto.MetricType_GAUGE,
