@@ -153,8 +153,8 @@
 // horizon, plus one refill of the route (the keys' summed rate) per
 // waiter between it and that moment, or sooner when a cooling key frees.
 // Grants made in line are also spaced: on a saturated route (more
-// waiters in line than keys that may serve) they are spread one route
-// interval apart (one minute over the summed request
+// waiters in line than keys that may serve, now or in the last 2 s) they
+// are spread one route interval apart (one minute over the summed request
 // rate of the keys that may serve), from the route's last grant. Keys
 // drained together (a storm's first burst) otherwise refill together and
 // serve in bursts a whole key interval apart: four 120-RPM keys serve 4
@@ -261,8 +261,10 @@
 //	P line:<route>     sorted set: waiter id → place (priority, acceptance ms)
 //	P line-exp:<route> sorted set: waiter id → registration expiry (µs);
 //	                   both expire a second after the last ask
-//	P pace:<route>     the moment (µs) of the route's last grant in line;
-//	                   expires after a minute
+//	P pace:<route>     hash: lg, the moment (µs) of the route's last grant
+//	                   in line; sat, until when its line counts as
+//	                   saturated (2 s after it last was); expires after a
+//	                   minute
 //
 // The credential is never written: it stays in the Pool's memory and is
 // looked up by key id. A key's state outlives restarts of the workers

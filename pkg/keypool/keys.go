@@ -26,6 +26,7 @@ func lineKey(prefix string, r llm.Route) string { return prefix + "line:" + r.St
 // (Redis time in µs).
 func lineExpiryKey(prefix string, r llm.Route) string { return prefix + "line-exp:" + r.String() }
 
-// paceKey holds the moment (Redis µs) of a route's last grant made in line,
-// from which the next one is spaced (see doc.go, "The line").
+// paceKey is the hash of a route's spacing (see doc.go, "The line"): lg,
+// the moment (Redis µs) of its last grant made in line, from which the
+// next one is spaced; sat, until when the route counts as saturated.
 func paceKey(prefix string, r llm.Route) string { return prefix + "pace:" + r.String() }

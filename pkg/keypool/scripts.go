@@ -147,7 +147,8 @@ return changed
 // KEYS[2i-1], KEYS[2i]  state hash and lease set of candidate key i
 // KEYS[#KEYS-2]         the route's line: waiter → place
 // KEYS[#KEYS-1]         the line's expiries: waiter → expiry (µs)
-// KEYS[#KEYS]           the route's last grant moment (µs), for spacing
+// KEYS[#KEYS]           the route's spacing: last grant moment (lg) and
+//                       saturated-until (sat), µs
 // ARGV[1]  estimated tokens to reserve (>= 0)
 // ARGV[2]  lease TTL in µs
 // ARGV[3]  lease id
@@ -240,16 +241,28 @@ if who ~= '' then
   waiting = redis.call('ZCARD', line)
 end
 -- Spacing applies to a saturated route only: more waiters in line than
--- keys that may serve. A route the keys keep up with (the slots, or the
--- calls' length, bind) grants at once: there spacing would only add its
--- interval to requests that hold a slot (S1-slow: goodput 0.97 -> 0.95).
+-- keys that may serve, now or within the last SATURATED µs (a line that
+-- dips for a moment after a burst must not let the keys realign). A route
+-- the keys keep up with (the slots, or the calls' length, bind) grants at
+-- once: there spacing would only add its interval to requests that hold a
+-- slot (S1-slow: goodput 0.97 -> 0.95).
+local SATURATED = 2000000
 local serving = 0
 for _, k in ipairs(ks) do if k.hard == 0 then serving = serving + 1 end end
-local S, spaceAt = 0, 0
-if who ~= '' and rate > 0 and waiting > serving then
-  S = 60000000 / rate
-  local lg = tonumber(redis.call('GET', paceKey) or '0')
-  spaceAt = lg + S - now
+local S, spaceAt, lg = 0, 0, 0
+if who ~= '' and rate > 0 then
+  local pv = redis.call('HMGET', paceKey, 'lg', 'sat')
+  lg = tonumber(pv[1] or '0')
+  local sat = tonumber(pv[2] or '0')
+  if waiting > serving then
+    redis.call('HSET', paceKey, 'sat', fmt17(now + SATURATED))
+    redis.call('PEXPIRE', paceKey, 60000)
+    sat = now + SATURATED
+  end
+  if sat > now then
+    S = 60000000 / rate
+    spaceAt = lg + S - now
+  end
 end
 local best, bestWait, bestHead, bestS, bestPref, bestRank = 0, 0, 0, nil, false, 0
 -- The line's arithmetic: grants the keys can make within ahead, the
@@ -338,10 +351,10 @@ bestS.tl = bestS.tl - est
 local at = now + math.ceil(bestWait)
 if at > bestS.rv then bestS.rv = at end
 save(h, bestS, now)
-if who ~= '' then
+if who ~= '' and at > lg then
   -- The route's last grant moment, for spacing; forgotten after a minute.
-  local lg = tonumber(redis.call('GET', paceKey) or '0')
-  if at > lg then redis.call('SET', paceKey, fmt17(at), 'PX', 60000) end
+  redis.call('HSET', paceKey, 'lg', fmt17(at))
+  redis.call('PEXPIRE', paceKey, 60000)
 end
 redis.call('ZREMRANGEBYSCORE', z, '-inf', now)
 redis.call('ZADD', z, at + ttl, lease)

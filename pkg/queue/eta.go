@@ -17,16 +17,21 @@ import (
 // Slots free up at rate r once they start to: turn k waits
 // first + (k − 1)/r, where first is when the first slot is expected to
 // free (at least 1/r). By Little's law a slot is held H = slots in use / r
-// on average; holds are taken to spread uniformly over [H/2, 3H/2] (the
-// latency of one model's calls varies about that much), so a holder of age
-// a frees its slot somewhere in the rest of that window (within H/2 when it
-// is older). The expected number of releases by t, N(t), sums each
+// on average; holds are taken to spread uniformly over [0.3H, 1.7H], so a
+// holder of age a frees its slot somewhere in the rest of that window
+// (within 0.7H when it is older). The spread is wide because a hold is
+// not only a call: a request holds its slot while it waits its turn in
+// the key line, so when the keys bind, the first holders (granted a key
+// at once) free their slots after one call while the last wait for the
+// keys' pace; with [H/2, 3H/2] a key-bound cold start's first waiters
+// were promised their slot about 0.8 s late (F1-fleet-async's first
+// estimates, p95 0.18-0.77 over the runs). The expected number of releases by t, N(t), sums each
 // holder's chance of having released; first is where N(t) reaches ½.
 //
 // In a steady stream the ages spread evenly over one hold, first is 1/r,
 // and the estimate is the plain drain-rate one, turn/r. At a storm's cold
 // start every slot was taken at once, and the first waiters wait for the
-// first calls to end, about H/2: the case the drain rate alone gets wrong
+// first calls to end, about 0.3H: the case the drain rate alone gets wrong
 // (it promised 0.1 s to requests that waited 1.5 s).
 
 // pickUp is the wait of a request for which a slot is free: until a
@@ -36,7 +41,7 @@ const pickUp = 50 * time.Millisecond
 
 // holdSpread is the half-width of the assumed hold distribution, as a
 // share of the mean hold.
-const holdSpread = 0.5
+const holdSpread = 0.7
 
 // drain estimates when each turn in line gets a slot.
 type drain struct {

@@ -25,14 +25,15 @@ func TestDrainSteadyIsTurnOverRate(t *testing.T) {
 }
 
 // At a storm's cold start every slot was just taken: the first waiter waits
-// for the first calls to end, about half a hold (H = 15/8 s), not 1/r; the
-// slots then free up at the drain rate.
+// for the first calls to end, the shortest hold expected ((1 − spread)·H,
+// H = 15/8 s) and a little more, not 1/r; the slots then free up at the
+// drain rate.
 func TestDrainColdStartWaitsForTheFirstCalls(t *testing.T) {
 	t.Parallel()
 	const rate = 8.0
 	d := newDrain(rate, make([]time.Duration, 15))
 	hold := 15 / rate
-	first := 0.5*hold + hold*0.5/15
+	first := (1-holdSpread)*hold + hold*holdSpread/15
 	for _, turn := range []int{1, 8, 15, 30} {
 		want := first + float64(turn-1)/rate
 		if got := d.eta(turn).Seconds(); got < want-0.002 || got > want+0.002 {

@@ -164,13 +164,14 @@ func TestSlotWaitersAreQueued(t *testing.T) {
 	}
 	// l1 is sixth, but three slots LOW could take are free: its turn is
 	// third. Those three slots are about to be taken (holds of age 0, a
-	// mean hold of 3 slots / 1/s, the fallback rate): the first release
-	// is expected at 2 s, then one a second.
-	if got := spots["l1"].ETA; got != 4*time.Second {
-		t.Errorf("ETA of l1 = %s, want 4s (turn 3: 2 s + 2 releases at 1/s)", got)
+	// mean hold of 3 slots / 1/s, the fallback rate, spread over
+	// [0.3, 1.7] of it): the first release is expected at 1.6 s, then one
+	// a second.
+	if got := spots["l1"].ETA; got != 3600*time.Millisecond {
+		t.Errorf("ETA of l1 = %s, want 3.6s (turn 3: 1.6 s + 2 releases at 1/s)", got)
 	}
-	if got := spots["n1"].ETA; got != 6*time.Second {
-		t.Errorf("ETA of n1 = %s, want 6s (no free NORMAL slot: turn 5)", got)
+	if got := spots["n1"].ETA; got != 5600*time.Millisecond {
+		t.Errorf("ETA of n1 = %s, want 5.6s (no free NORMAL slot: turn 5)", got)
 	}
 	if err := q.Admit(ctx); !errors.Is(err, queue.ErrQueueFull) {
 		t.Fatalf("6 waiting of 6: Admit = %v, want queue full", err)
