@@ -147,8 +147,7 @@ return changed
 // KEYS[2i-1], KEYS[2i]  state hash and lease set of candidate key i
 // KEYS[#KEYS-2]         the route's line: waiter → place
 // KEYS[#KEYS-1]         the line's expiries: waiter → expiry (µs)
-// KEYS[#KEYS]           the route's spacing: last grant moment (lg) and
-//                       saturated-until (sat), µs
+// KEYS[#KEYS]           the route's spacing (lg, sat: µs), see keys.go
 // ARGV[1]  estimated tokens to reserve (>= 0)
 // ARGV[2]  lease TTL in µs
 // ARGV[3]  lease id
