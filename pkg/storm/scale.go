@@ -52,11 +52,21 @@ const (
 // clients clients, every fourth CRITICAL and the others LOW, through
 // ManyAPIs api processes to ManyWorkers workers; the mock meters each key
 // over 2 s (see TestManyProcesses why), the pool over its default 1 s.
+//
+// Its workers run ManyConcurrency tasks each, not the default (enough for
+// one worker to hold the whole queue): asynq's processor dequeues again at
+// once after a task and sleeps only after finding none, so with room for
+// every task the first workers to poll take a burst between them and one
+// of eight could end with none, which this test checks does not happen.
 func ManyScenario(n, clients int, limit time.Duration) Scenario {
 	return Scenario{Name: "many", Requests: n, Clients: clients, Mode: Async, CriticalEvery: 4,
 		Latency: ManyLatency, Jitter: 200 * time.Millisecond, APIs: ManyAPIs, Workers: ManyWorkers,
-		PoolKeys: ManyKeys, PoolRPM: ManyRPM, MockWindow: 2 * time.Second, Limit: limit}
+		WorkerConcurrency: ManyConcurrency,
+		PoolKeys:          ManyKeys, PoolRPM: ManyRPM, MockWindow: 2 * time.Second, Limit: limit}
 }
+
+// ManyConcurrency is each of ManyScenario's workers' worker.concurrency.
+const ManyConcurrency = 32
 
 // ScaleScenario is the scale bench's step with workers workers: about
 // seconds of load at the rate the step is expected to reach
