@@ -61,8 +61,8 @@ const (
 func ManyScenario(n, clients int, limit time.Duration) Scenario {
 	return Scenario{Name: "many", Requests: n, Clients: clients, Mode: Async, CriticalEvery: 4,
 		Latency: ManyLatency, Jitter: 200 * time.Millisecond, APIs: ManyAPIs, Workers: ManyWorkers,
-		WorkerConcurrency: ManyConcurrency,
-		PoolKeys:          ManyKeys, PoolRPM: ManyRPM, MockWindow: 2 * time.Second, Limit: limit}
+		WorkerConcurrency: ManyConcurrency, PoolKeys: ManyKeys, PoolRPM: ManyRPM, MockWindow: 2 * time.Second,
+		Limit: limit}
 }
 
 // ManyConcurrency is each of ManyScenario's workers' worker.concurrency.
