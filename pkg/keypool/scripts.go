@@ -217,13 +217,6 @@ for i = 1, n do
   end
 end
 if fits == 0 then return {-1, now} end
--- Spacing (lined asks only, see doc.go "The line"): on a saturated route
--- the grants are spread one route interval S apart, so that the keys'
--- moments interleave instead of coming in bursts a whole key interval
--- apart (4 keys refilled together serve 4 at once, then nothing for
--- 0.5 s: the wait of a CRITICAL request arriving in between). A key whose
--- bucket holds a request beyond this one (burst room), or would overflow
--- within S, is not held back: spacing never wastes capacity.
 -- The line: registrations of waiters that stopped asking lapse first;
 -- then the asker is registered (or refreshed) and ranked.
 local rank, waiting = 0, 0
@@ -239,7 +232,14 @@ if who ~= '' then
   rank = redis.call('ZRANK', line, who) + 1
   waiting = redis.call('ZCARD', line)
 end
--- Spacing applies to a saturated route only: more waiters in line than
+-- Spacing (lined asks only, see doc.go "The line"): on a saturated route
+-- the grants are spread one route interval S apart, so that the keys'
+-- moments interleave instead of coming in bursts a whole key interval
+-- apart (4 keys refilled together serve 4 at once, then nothing for
+-- 0.5 s: the wait of a CRITICAL request arriving in between). A key whose
+-- bucket holds a request beyond this one (burst room), or would overflow
+-- within S, is not held back: spacing never wastes capacity.
+-- It applies to a saturated route only: more waiters in line than
 -- keys that may serve, now or within the last SATURATED µs (a line that
 -- dips for a moment after a burst must not let the keys realign). A route
 -- the keys keep up with (the slots, or the calls' length, bind) grants at
