@@ -20,7 +20,14 @@ import (
 // later. With the harness's 16 tasks per worker (11 of them LOW), the
 // tasks beyond went back to asynq's list with a delay and were overtaken
 // by younger ones for seconds.
+//
+// startJitter forgives two starts recorded a few milliseconds out of the
+// order they were granted in: started_at is read by each worker's
+// goroutine after the slot script granted, and under the race detector on
+// two loaded cores one of two grants made a millisecond apart may be
+// stamped later (seen: 2-5 ms).
 func TestArrivalOrderWithinPriority(t *testing.T) {
+	const startJitter = 50 * time.Millisecond
 	t.Parallel()
 	keys := `
 keys:
@@ -90,7 +97,7 @@ keys:
 	overtaken := 0
 	for i, a := range got {
 		for _, b := range got[i+1:] {
-			if b.created.Sub(a.created) > 250*time.Millisecond && b.started.Before(a.started) {
+			if b.created.Sub(a.created) > 250*time.Millisecond && a.started.Sub(b.started) > startJitter {
 				overtaken++
 				if overtaken <= 5 {
 					t.Errorf("%s (accepted %s) started %s after %s, accepted %s later",
