@@ -174,6 +174,11 @@ func (s *Server) compat(c *gin.Context, d dialect) {
 		// identical call): the provider call was shared, not made for it.
 		rec.State.Cached = job.CachedCoalesced
 	}
+	if ctx.Err() != nil {
+		// The caller has gone (its SDK gave up): the answer is not written
+		// and the request stays joinable, so the resend gets it.
+		return
+	}
 	if a.JoinKey != "" {
 		// The answer goes to a caller now: a resend from now on is a call
 		// of its own (until now it joined this request, pkg/intake
