@@ -11,7 +11,7 @@ build:
 	go build -o bin/ ./api ./worker ./scheduler ./scripts/mockprovider
 
 # Benchmarks against real Redis/PostgreSQL, without the race detector (see
-# README, Performance). BULWARK_BENCH_LARGE=1 adds the 100k-row cases.
+# docs/performance.md). BULWARK_BENCH_LARGE=1 adds the 100k-row cases.
 bench:
 	BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -run '^$$' -bench . -benchtime 2s -count 3 ./pkg/keypool
 	BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -run '^$$' -bench . -benchtime 1000x -count 3 ./pkg/cache
@@ -22,7 +22,7 @@ bench:
 
 # CPU and block profiles of the queued compat path (BenchmarkCompatPath,
 # 32 clients, one API and one worker in the test process, mock answering
-# at once) in .data/profile/, and the top of each (README, Performance).
+# at once) in .data/profile/, and the top of each (docs/performance.md).
 # A running process serves the same profiles: /debug/pprof/ on the
 # worker's metrics listener, /admin/debug/pprof/ on the API.
 profile:
@@ -32,7 +32,7 @@ profile:
 	go tool pprof -top -cum -nodecount 60 .data/profile/service.test .data/profile/cpu.out | grep -E 'Duration|bulwark/pkg' | head -30
 	go tool pprof -top -cum -nodecount 60 .data/profile/service.test .data/profile/block.out | grep -E 'Duration|bulwark/pkg' | head -20
 
-# The storm benchmark alone (README, Performance): api, two workers and the
+# The storm benchmark alone (docs/performance.md): api, two workers and the
 # mock provider as OS processes, eight scenarios (the last two the
 # closed-loop fleet, F1-fleet-async and F1-fleet-compat), about 6.5
 # minutes; exits 1 when a target is missed. STORM_ARGS passes flags (e.g.
@@ -41,7 +41,7 @@ profile:
 storm:
 	BULWARK_STORM=1 BULWARK_STORM_ARGS="$(STORM_ARGS)" BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -count=1 -run '^TestStormBench$$' -v -timeout 11m ./pkg/storm
 
-# The scale bench (README, Performance): three api processes and 1, 2, 4,
+# The scale bench (docs/performance.md): three api processes and 1, 2, 4,
 # 8 workers on one pool, one system per step, one line per step; about
 # 1.5 minutes; exits 1 when the throughput does not rise with the workers
 # up to the keys' capacity, or a key or the global limit is exceeded.
@@ -49,7 +49,7 @@ storm:
 scale:
 	BULWARK_SCALE=1 BULWARK_SCALE_ARGS="$(SCALE_ARGS)" BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -count=1 -run '^TestScaleBench$$' -v -timeout 6m ./pkg/storm
 
-# The fault matrix on real processes (README, Operating it): a worker
+# The fault matrix on real processes (docs/operations.md): a worker
 # SIGKILLed 10 times mid-storm, Redis restarted mid-storm, PostgreSQL down at
 # start-up and stopped mid-run, the API killed between storing and enqueueing
 # (a failpoint), provider 5xx/529, a 2-minute provider outage, Sentinel

@@ -11,7 +11,7 @@ import (
 // The memo is a process's first tier of exact hits: the answers it found
 // lately, in memory in front of PostgreSQL, so that a prompt asked
 // thousands of times a second costs one query per MemoTTL rather than one
-// per request (README, Performance). Semantic lookups do not use it.
+// per request (docs/performance.md). Semantic lookups do not use it.
 //
 // It is off until EnableMemo, which a process calls only when it also
 // hears the fleet's invalidations (ForgetMemo): an answer deleted by

@@ -106,7 +106,7 @@ type Server struct {
 	// its answer in its response: its record goes with its event stream,
 	// job.EndedEventsTTL (5 min) after the end. Redis holds about 1.5 KB
 	// per ended request for this long, so it sizes Redis's memory
-	// (README, scale model). Default 1h.
+	// (docs/performance.md, scale model). Default 1h.
 	ResultTTL time.Duration `yaml:"result_ttl"`
 	// ShutdownTimeout bounds the graceful HTTP shutdown. Default 10s.
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
@@ -360,7 +360,7 @@ type Cache struct {
 	Embedder Embedder `yaml:"embedder"`
 	// Index holds the HNSW index's build parameters (pgvector's m and
 	// ef_construction). Default 16 and 64: lower ones make each stored
-	// answer cheaper to index and lose semantic hits (README, Performance).
+	// answer cheaper to index and lose semantic hits (docs/performance.md).
 	Index CacheIndex `yaml:"index"`
 	// Memo keeps each API process's recent exact hits in memory in front
 	// of PostgreSQL. Default on, 10,000 answers, 10s.
@@ -368,7 +368,7 @@ type Cache struct {
 }
 
 // CacheMemo configures the exact-hit memo of API processes
-// (cache.Config.MemoEntries, MemoTTL; README, Layer 1).
+// (cache.Config.MemoEntries, MemoTTL; docs/how-it-works.md, layer 1).
 type CacheMemo struct {
 	// Enabled: default true.
 	Enabled *bool `yaml:"enabled"`

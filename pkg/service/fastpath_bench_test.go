@@ -44,7 +44,7 @@ import (
 //	              the 429s' path, not minutes of cooling: compare its cost
 //	              per request with queued/c=32's, per 429.
 //
-// The scale model in the README (Redis commands and bytes per request of
+// The scale model in docs/performance.md (Redis commands and bytes per request of
 // each path) is read from these figures.
 func BenchmarkCompatPath(b *testing.B) {
 	cases := []benchCase{
@@ -276,7 +276,7 @@ func processCPU() time.Duration {
 // (asynq's polling of the five queues every worker.task_check_interval,
 // its forwarder every delayed_task_check_interval, heartbeats). Each
 // process's figure is its window's excess over the one before. The
-// README's scale model ("What idle processes cost") is read from it.
+// docs/performance.md's scale model ("What idle processes cost") is read from it.
 func BenchmarkIdleProcesses(b *testing.B) {
 	const window = 5 * time.Second
 	for range b.N {

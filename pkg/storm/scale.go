@@ -14,7 +14,7 @@ import (
 	"bulwark/pkg/priority"
 )
 
-// Many processes on one pool (README, "Running on several machines"):
+// Many processes on one pool (docs/operations.md, "Running on several machines"):
 // several api and worker processes share one Redis, one database and one
 // set of keys, as they would on several machines.
 //
