@@ -43,6 +43,12 @@ func (b *bundle) drain(t *testing.T) {
 	}
 }
 
+// normal is NORMAL waiter i of a test: accepted i ms after the others' start.
+func normal(i int) Waiter {
+	return Waiter{ID: fmt.Sprintf("w%d", i), Priority: priority.Normal,
+		Since: time.UnixMilli(1_700_000_000_000).Add(time.Duration(i) * time.Millisecond)}
+}
+
 // TestLineServesMostUrgentThenOldest: whoever asks first, a freed request
 // goes to the most urgent waiter, then to the oldest of a priority. This
 // is what keeps a CRITICAL request from waiting for a key behind a LOW
@@ -93,10 +99,9 @@ func TestLineServesMostUrgentThenOldest(t *testing.T) {
 func TestLineGrantsWithinTheHorizon(t *testing.T) {
 	b := lineBundle(t, 2)
 	b.drain(t)
-	t0 := time.UnixMilli(1_700_000_000_000)
 	ws := make([]Waiter, 5)
 	for i := range ws {
-		ws[i] = Waiter{ID: string(rune('a' + i)), Priority: priority.Normal, Since: t0.Add(time.Duration(i) * time.Millisecond)}
+		ws[i] = normal(i)
 		l, _ := b.ask(t, ws[i], 0)
 		require.Nil(t, l, "granted from an empty bucket")
 	}
@@ -176,26 +181,22 @@ func TestLineIgnoredWithoutWaiter(t *testing.T) {
 // back.
 func TestLineSpacesTheRoute(t *testing.T) {
 	b := build(t, Config{Pace: 1, Keys: []Key{key("k1", haiku, 120, 1_000_000), key("k2", haiku, 120, 1_000_000)}})
-	t0 := time.UnixMilli(1_700_000_000_000)
-	w := func(i int) Waiter {
-		return Waiter{ID: fmt.Sprintf("w%d", i), Priority: priority.Normal, Since: t0.Add(time.Duration(i) * time.Millisecond)}
-	}
 	// Full buckets (2 requests each) serve a short line at once.
 	for i := range 4 {
-		l, ee := b.ask(t, w(i), 0)
+		l, ee := b.ask(t, normal(i), 0)
 		require.NotNil(t, l, "waiter %d refused (%v) from full buckets", i, ee)
 		require.Zero(t, l.Delay())
 	}
 	// Four more wait: the line is longer than the keys that serve it.
 	for i := 4; i < 8; i++ {
-		l, _ := b.ask(t, w(i), 0)
+		l, _ := b.ask(t, normal(i), 0)
 		require.Nil(t, l, "waiter %d granted from drained keys", i)
 	}
 	// Both keys refill at 0.5 s; their grants come one route interval
 	// (0.25 s) apart rather than together.
-	l4, ee := b.ask(t, w(4), time.Second)
+	l4, ee := b.ask(t, normal(4), time.Second)
 	require.NotNil(t, l4, "%v", ee)
-	l5, ee := b.ask(t, w(5), time.Second)
+	l5, ee := b.ask(t, normal(5), time.Second)
 	require.NotNil(t, l5, "%v", ee)
 	gap := l5.NotBefore.Sub(l4.NotBefore)
 	require.InDelta(t, 0.25, gap.Seconds(), 0.02, "the refilled keys' grants are spaced by the route interval")
@@ -211,17 +212,13 @@ func TestLineSpacedWaiterComesBackOnTime(t *testing.T) {
 		keys[i] = key(fmt.Sprintf("k%d", i+1), haiku, 120, 1_000_000) // 2 a second each: 8 in all, 125 ms apart
 	}
 	b := build(t, Config{Pace: 1, Keys: keys})
-	t0 := time.UnixMilli(1_700_000_000_000)
-	w := func(i int) Waiter {
-		return Waiter{ID: fmt.Sprintf("w%d", i), Priority: priority.Normal, Since: t0.Add(time.Duration(i) * time.Millisecond)}
-	}
 	// The keys' bursts go at once; five more wait in line.
 	for i := range 8 {
-		l, ee := b.ask(t, w(i), 0)
+		l, ee := b.ask(t, normal(i), 0)
 		require.NotNil(t, l, "waiter %d: %v", i, ee)
 	}
 	for i := 8; i < 13; i++ {
-		l, _ := b.ask(t, w(i), 0)
+		l, _ := b.ask(t, normal(i), 0)
 		require.Nil(t, l)
 	}
 	// Every key holds one request again, but the route's grants are
@@ -229,7 +226,7 @@ func TestLineSpacedWaiterComesBackOnTime(t *testing.T) {
 	for i := range keys {
 		require.NoError(t, b.rdb.HSet(context.Background(), stateKey(b.cfg.Prefix, keys[i].ID), "rl", 1).Err())
 	}
-	l, ee := b.ask(t, w(8), 0)
+	l, ee := b.ask(t, normal(8), 0)
 	require.Nil(t, l, "granted although the last grant was just now")
 	require.Less(t, ee.RetryAfter, 200*time.Millisecond,
 		"told to wait %s: the next grant is one route interval (125 ms) away, not a key interval (500 ms)", ee.RetryAfter)
