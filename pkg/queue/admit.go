@@ -130,9 +130,10 @@ const MinRetryAfter = time.Second
 // was measured yet (a cold start) and Rate's prior stands. MaxWait, when
 // the oldest requests fail at their deadline, bounds it all.
 
-// drainScript: KEYS[1] starts zset; ARGV[1] window ms. Reply: {starts in
-// the window, ms since the oldest of them, starts kept, ms since the
-// oldest of them}.
+// drainScript reads the starts RecordStart keeps (Rate uses the first
+// two figures, admission all four). KEYS[1] starts zset; ARGV[1] window
+// ms; ARGV[2] "kept" for the last two. Reply: {starts in the window, ms
+// since the oldest of them[, starts kept, ms since the oldest of them]}.
 const drainScript = `
 local t = redis.call("TIME")
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -143,13 +144,14 @@ local function since(from)
   return n, now - tonumber(first[2])
 end
 local n, span = since(now - tonumber(ARGV[1]))
+if ARGV[2] ~= "kept" then return {n, span} end
 local kept, keptSpan = since("-inf")
 return {n, span, kept, keptSpan}`
 
 // roomIn returns when n more requests will have left the queue, between
 // MinRetryAfter and MaxWait.
 func (q *Queue) roomIn(ctx context.Context, n int) (time.Duration, error) {
-	v, err := q.rdb.Eval(ctx, drainScript, []string{q.startsKey()}, q.cfg.RateWindow.Milliseconds()).Int64Slice()
+	v, err := q.rdb.Eval(ctx, drainScript, []string{q.startsKey()}, q.cfg.RateWindow.Milliseconds(), "kept").Int64Slice()
 	if err != nil {
 		return 0, fmt.Errorf("queue: drain rate: %w", err)
 	}

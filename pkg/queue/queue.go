@@ -287,23 +287,12 @@ redis.call("ZADD", KEYS[1], now, ARGV[1])
 redis.call("ZREMRANGEBYSCORE", KEYS[1], "-inf", now - tonumber(ARGV[2]))
 return 1`
 
-// rateScript: KEYS[1] starts zset; ARGV[1] window ms. Reply: {starts in
-// window, ms since the oldest of them}.
-const rateScript = `
-local t = redis.call("TIME")
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local from = now - tonumber(ARGV[1])
-local n = redis.call("ZCOUNT", KEYS[1], from, "+inf")
-if n == 0 then return {0, 0} end
-local first = redis.call("ZRANGEBYSCORE", KEYS[1], from, "+inf", "WITHSCORES", "LIMIT", 0, 1)
-return {n, now - tonumber(first[2])}`
-
 // Rate returns the drain rate in requests per second: the starts of the
 // last RateWindow over the time they span (at least one second), at most
 // Capacity; Capacity (or FallbackRateDefault) until minRateSamples starts
 // were seen.
 func (q *Queue) Rate(ctx context.Context) (float64, error) {
-	v, err := q.rdb.Eval(ctx, rateScript, []string{q.startsKey()}, q.cfg.RateWindow.Milliseconds()).Int64Slice()
+	v, err := q.rdb.Eval(ctx, drainScript, []string{q.startsKey()}, q.cfg.RateWindow.Milliseconds()).Int64Slice()
 	if err != nil {
 		return 0, fmt.Errorf("queue: rate: %w", err)
 	}
