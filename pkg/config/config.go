@@ -293,6 +293,14 @@ type Key struct {
 	// key may leave them 0 (unmetered): MaxInFlight bounds it instead.
 	RPMLimit int `yaml:"rpm_limit"`
 	TPMLimit int `yaml:"tpm_limit"`
+	// ITPMLimit and OTPMLimit are an anthropic key's separate input and
+	// output tokens-per-minute limits (>= 0; 0, the default: none, the key
+	// is paced by tpm_limit alone). When set, the pool meters the prompt
+	// against itpm_limit and max_tokens against otpm_limit, as Anthropic
+	// does, besides tpm_limit (set that to their sum, which is what
+	// Anthropic's anthropic-ratelimit-tokens-limit reports).
+	ITPMLimit int `yaml:"itpm_limit"`
+	OTPMLimit int `yaml:"otpm_limit"`
 	// MaxInFlight limits concurrent calls on this key; 0 = no limit.
 	// Required for local keys: a local server's limit is concurrency.
 	MaxInFlight int `yaml:"max_in_flight"`

@@ -128,6 +128,16 @@ func TestValidation(t *testing.T) {
 		{"local key without concurrency", strings.Replace(local(), "max_in_flight: 4", "max_in_flight: 0", 1), map[string]string{"K1": secretVal}, "keys[1].max_in_flight: is required for a local key"},
 		{"region on an anthropic key", minimal + "  - {id: k9, provider: claude, model_tier: sonnet, api_key: k, rpm_limit: 1, tpm_limit: 1, region: eu-west-1}",
 			map[string]string{"K1": secretVal}, "keys[1]: region and profile are for bedrock keys"},
+		{"anthropic itpm and otpm", strings.Replace(minimal, "tpm_limit: 1}", "tpm_limit: 96000, itpm_limit: 80000, otpm_limit: 16000}", 1),
+			map[string]string{"K1": secretVal}, ""},
+		{"negative itpm", strings.Replace(minimal, "tpm_limit: 1}", "tpm_limit: 1, itpm_limit: -1}", 1),
+			map[string]string{"K1": secretVal}, "keys[0].itpm_limit: must be >= 0 (0: none), got -1"},
+		{"negative otpm", strings.Replace(minimal, "tpm_limit: 1}", "tpm_limit: 1, otpm_limit: -8000}", 1),
+			map[string]string{"K1": secretVal}, "keys[0].otpm_limit: must be >= 0 (0: none), got -8000"},
+		{"otpm on a bedrock key", strings.Replace(bedrock(), "tpm_limit: 5000}", "tpm_limit: 5000, otpm_limit: 1000}", 1),
+			map[string]string{"K1": secretVal}, "keys[1]: itpm_limit and otpm_limit are for anthropic keys (their provider is bedrock)"},
+		{"itpm on an openai key", minimal + "  - {id: o1, provider: openai, model_tier: gpt4o, api_key: k, rpm_limit: 1, tpm_limit: 1, itpm_limit: 5}",
+			map[string]string{"K1": secretVal}, "keys[1]: itpm_limit and otpm_limit are for anthropic keys (their provider is openai)"},
 		{"azure ptu key", azure("api-key"), map[string]string{"K1": secretVal}, ""},
 		{"azure entra without a key", strings.Replace(azure("entra"), "api_key: k, ", "", 1), map[string]string{"K1": secretVal}, ""},
 		{"azure api-key auth without a key", strings.Replace(azure("api-key"), "api_key: k, ", "", 1), map[string]string{"K1": secretVal}, "keys[1].api_key: is required"},
@@ -277,6 +287,25 @@ func TestKeypoolMetering(t *testing.T) {
 		if w, ok := want[k.Provider]; ok && k.Metering != w {
 			t.Errorf("key %s (provider %s): metering %s, want %s", k.ID, k.Provider, k.Metering, w)
 		}
+	}
+}
+
+// TestKeypoolInputOutputLimits: itpm_limit and otpm_limit reach the key
+// pool as the key's ITPM and OTPM; a key without them has none.
+func TestKeypoolInputOutputLimits(t *testing.T) {
+	t.Parallel()
+	doc := strings.Replace(minimal, "tpm_limit: 1}", "tpm_limit: 96000, itpm_limit: 80000, otpm_limit: 16000}", 1) +
+		"  - {id: k2, provider: claude, model_tier: sonnet, api_key: k, rpm_limit: 1, tpm_limit: 1}\n"
+	c, err := config.Parse([]byte(doc), env(map[string]string{"K1": "k"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	kc := c.KeypoolConfig()
+	if k := kc.Keys[0]; k.ITPM != 80000 || k.OTPM != 16000 || k.TPM != 96000 {
+		t.Errorf("key %s: TPM %d, ITPM %d, OTPM %d; want 96000, 80000, 16000", k.ID, k.TPM, k.ITPM, k.OTPM)
+	}
+	if k := kc.Keys[1]; k.ITPM != 0 || k.OTPM != 0 {
+		t.Errorf("key %s: ITPM %d, OTPM %d; want none", k.ID, k.ITPM, k.OTPM)
 	}
 }
 

@@ -76,6 +76,18 @@ func (c *Config) validateKeyOfKind(field string, k Key, p ProviderCfg, add func(
 	if p.Kind != KindAzure && (k.Endpoint != "" || k.Deployment != "" || k.PTU) {
 		add(field, "endpoint, deployment and ptu are for azure keys")
 	}
+	if k.ITPMLimit < 0 {
+		add(field+".itpm_limit", "must be >= 0 (0: none), got %d", k.ITPMLimit)
+	}
+	if k.OTPMLimit < 0 {
+		add(field+".otpm_limit", "must be >= 0 (0: none), got %d", k.OTPMLimit)
+	}
+	// Only Anthropic's Messages API limits input and output tokens apart
+	// (Bedrock's quota counts both together): on another kind the limits
+	// would pace the key to buckets its provider does not have.
+	if p.Kind != "" && p.Kind != KindAnthropic && (k.ITPMLimit != 0 || k.OTPMLimit != 0) {
+		add(field, "itpm_limit and otpm_limit are for anthropic keys (their provider is %s)", p.Kind)
+	}
 	if k.Endpoint != "" {
 		if msg := checkBaseURL(k.Endpoint); msg != "" {
 			add(field+".endpoint", "%s", msg)

@@ -152,21 +152,27 @@ func TestUnitShortWaitHoldsWithoutSlot(t *testing.T) {
 }
 
 // A key whose bucket refills within PaceWait is waited for with the slot
-// held: no waiting status, one slot ask.
+// held: no waiting status, one slot ask. Each bucket counts, Anthropic's
+// input and output token buckets too.
 func TestUnitPaceWaitKeepsSlot(t *testing.T) {
 	t.Parallel()
-	h := newHarness(t, nil)
-	h.pool.script[gpt4o] = []error{exhausted(keypool.ReasonRequests, 60*time.Millisecond)}
-	rec := h.submit(func(r *job.Record) { r.Job.Route = gpt4o })
-	if err := h.process(t.Context(), rec.Job.ID); err != nil {
-		t.Fatal(err)
-	}
-	if h.slots.asks() != 1 || len(h.jobs.eventsOf(rec.Job.ID, job.EventWaiting)) != 0 || h.pool.asked(gpt4o) != 2 {
-		t.Fatalf("slot asks %d, waiting events %d, acquires %d; want the key waited for with the slot",
-			h.slots.asks(), len(h.jobs.eventsOf(rec.Job.ID, job.EventWaiting)), h.pool.asked(gpt4o))
-	}
-	if h.only().Status != job.StatusCompleted {
-		t.Fatal("not completed")
+	for _, reason := range []string{keypool.ReasonRequests, keypool.ReasonTokens, keypool.ReasonInputTokens, keypool.ReasonOutputTokens} {
+		t.Run(reason, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, nil)
+			h.pool.script[gpt4o] = []error{exhausted(reason, 60*time.Millisecond)}
+			rec := h.submit(func(r *job.Record) { r.Job.Route = gpt4o })
+			if err := h.process(t.Context(), rec.Job.ID); err != nil {
+				t.Fatal(err)
+			}
+			if h.slots.asks() != 1 || len(h.jobs.eventsOf(rec.Job.ID, job.EventWaiting)) != 0 || h.pool.asked(gpt4o) != 2 {
+				t.Fatalf("slot asks %d, waiting events %d, acquires %d; want the key waited for with the slot",
+					h.slots.asks(), len(h.jobs.eventsOf(rec.Job.ID, job.EventWaiting)), h.pool.asked(gpt4o))
+			}
+			if h.only().Status != job.StatusCompleted {
+				t.Fatal("not completed")
+			}
+		})
 	}
 }
 

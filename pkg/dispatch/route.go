@@ -219,7 +219,8 @@ func (d *Dispatcher) callRoute(ctx context.Context, rec *job.Record, r llm.Route
 	log *slog.Logger) (outcome, routeResult) {
 	client := d.cfg.Clients[r.Provider]
 	req.Model = d.cfg.ModelName(r)
-	est := llm.EstimateTokens(&req)
+	// Split: an Anthropic key meters the prompt and max_tokens apart.
+	est := llm.EstimateRequest(&req)
 	var lastErr error
 	backoff := 100 * time.Millisecond
 	for try := 0; try < d.cfg.MaxKeyTries; try++ {
@@ -302,17 +303,18 @@ func (d *Dispatcher) callKey(ctx context.Context, client llm.Client, lease *keyp
 // overtaken by younger ones of its priority. A turn further away leaves
 // the line: the route counts as exhausted (fallback, or the slot is given
 // back while the request waits).
-func (d *Dispatcher) acquire(ctx context.Context, r llm.Route, est int, w keypool.Waiter) (*keypool.Lease, outcome, routeResult) {
+func (d *Dispatcher) acquire(ctx context.Context, r llm.Route, est llm.Estimate, w keypool.Waiter) (*keypool.Lease, outcome, routeResult) {
 	var ee *keypool.ExhaustedError
 	start := time.Now()
 	for {
-		lease, err := d.pool.Acquire(ctx, r, est, keypool.Within(reserveAhead), keypool.InLine(w))
+		lease, err := d.pool.Acquire(ctx, r, est.Total(), keypool.Split(est.Input, est.Output),
+			keypool.Within(reserveAhead), keypool.InLine(w))
 		if err == nil {
 			d.metrics.KeyWait.WithLabelValues(w.Priority.String(), string(r.Provider), r.Tier).
 				Observe((time.Since(start) + lease.Delay()).Seconds())
 			return lease, outcome{}, routeOK
 		}
-		soft := errors.As(err, &ee) && (ee.Reason == keypool.ReasonRequests || ee.Reason == keypool.ReasonTokens)
+		soft := errors.As(err, &ee) && softReason(ee.Reason)
 		if !soft || ee.RetryAfter > d.cfg.PaceWait {
 			d.leaveLine(ctx, r, w.ID)
 			return d.notAcquired(err)
@@ -348,6 +350,16 @@ const (
 	minPaceRecheck = 5 * time.Millisecond
 	lineRecheckMax = 200 * time.Millisecond
 )
+
+// softReason reports whether a key pool refusal is a bucket refilling
+// (worth waiting for in line) rather than a cooling, full or disabled key.
+func softReason(reason string) bool {
+	switch reason {
+	case keypool.ReasonRequests, keypool.ReasonTokens, keypool.ReasonInputTokens, keypool.ReasonOutputTokens:
+		return true
+	}
+	return false
+}
 
 // notAcquired turns a failed Acquire into the route's outcome.
 func (d *Dispatcher) notAcquired(err error) (*keypool.Lease, outcome, routeResult) {

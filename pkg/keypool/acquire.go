@@ -18,6 +18,7 @@ type AcquireOption func(*acquireOpts)
 type acquireOpts struct {
 	ahead time.Duration
 	line  *Waiter
+	split *llm.Estimate
 }
 
 // Waiter is who waits in a route's line (see doc.go, "The line").
@@ -57,6 +58,16 @@ func Within(d time.Duration) AcquireOption {
 	return func(o *acquireOpts) { o.ahead = max(d, 0) }
 }
 
+// Split tells Acquire how its estTokens divide into the prompt's input
+// tokens and the output reserved for the answer (max_tokens), which must
+// sum to estTokens: a key with an ITPM or OTPM (Anthropic) charges each
+// part to its own bucket, as Anthropic does at admission. Without Split
+// such a key charges the whole estimate to each of them, the safe reading
+// when the parts are unknown. Keys without ITPM and OTPM ignore it.
+func Split(input, output int) AcquireOption {
+	return func(o *acquireOpts) { o.split = &llm.Estimate{Input: input, Output: output} }
+}
+
 // Acquire reserves one request and estTokens tokens on the key of route
 // with the most headroom, in one atomic Redis step, and returns the lease.
 // estTokens should be the prompt's tokens plus max_tokens; Success settles
@@ -66,7 +77,8 @@ func Within(d time.Duration) AcquireOption {
 // Errors: an *ExhaustedError (errors.Is ErrExhausted) when no key has room
 // now (or within the Within horizon), saying when one will;
 // ErrUnknownRoute when route has no keys; ErrTooLarge when estTokens
-// exceeds every key's TPM; otherwise a Redis failure.
+// exceeds every key's TPM (or its input or output part the key's ITPM or
+// OTPM); otherwise a Redis failure.
 func (p *Pool) Acquire(ctx context.Context, route llm.Route, estTokens int, opts ...AcquireOption) (*Lease, error) {
 	var o acquireOpts
 	for _, opt := range opts {
@@ -78,6 +90,10 @@ func (p *Pool) Acquire(ctx context.Context, route llm.Route, estTokens int, opts
 	}
 	if estTokens < 0 {
 		return nil, fmt.Errorf("keypool: acquire %s: estTokens must be >= 0, got %d", route, estTokens)
+	}
+	in, out, err := o.parts(estTokens)
+	if err != nil {
+		return nil, fmt.Errorf("keypool: acquire %s: %w", route, err)
 	}
 	leaseID, err := newLeaseID()
 	if err != nil {
@@ -98,7 +114,7 @@ func (p *Pool) Acquire(ctx context.Context, route llm.Route, estTokens int, opts
 		// in the file taking it all.
 		rot := p.rotate(len(idx))
 		res, err := p.sc.acquire.Run(rctx, p.rdb, p.routeKeys[route], estTokens, ttl, leaseID, o.ahead.Microseconds(),
-			p.routePrefs[route], rot, who, place, p.cfg.LineTTL.Microseconds()).Slice()
+			p.routePrefs[route], rot, who, place, p.cfg.LineTTL.Microseconds(), in, out).Slice()
 		cancel()
 		if err != nil {
 			return nil, fmt.Errorf("keypool: acquire %s: %w", route, err)
@@ -126,6 +142,8 @@ func (p *Pool) Acquire(ctx context.Context, route llm.Route, estTokens int, opts
 				Route:     route,
 				Cred:      k.Cred,
 				EstTokens: estTokens,
+				EstInput:  in,
+				EstOutput: out,
 				GrantedAt: timeFromUS(now),
 				NotBefore: timeFromUS(at),
 				ExpiresAt: timeFromUS(exp),
@@ -158,6 +176,19 @@ func (p *Pool) Acquire(ctx context.Context, route llm.Route, estTokens int, opts
 			return nil, fmt.Errorf("keypool: acquire %s: unexpected status %d", route, status)
 		}
 	}
+}
+
+// parts returns what an acquire of est tokens charges to a key's input
+// and output buckets: the Split, or the whole estimate to each.
+func (o acquireOpts) parts(est int) (in, out int, err error) {
+	if o.split == nil {
+		return est, est, nil
+	}
+	s := *o.split
+	if s.Input < 0 || s.Output < 0 || s.Total() != est {
+		return 0, 0, fmt.Errorf("Split(%d, %d) must be >= 0 and sum to estTokens %d", s.Input, s.Output, est)
+	}
+	return s.Input, s.Output, nil
 }
 
 func newLeaseID() (string, error) {

@@ -6,7 +6,9 @@
 //
 // # Use
 //
-//	lease, err := pool.Acquire(ctx, route, promptTokens+req.MaxTokens, keypool.Within(2*time.Second))
+//	est := llm.EstimateRequest(req) // prompt, max_tokens
+//	lease, err := pool.Acquire(ctx, route, est.Total(), keypool.Split(est.Input, est.Output),
+//		keypool.Within(2*time.Second))
 //	// *ExhaustedError: wait RetryAfter or fall back; ErrTooLarge: give up.
 //	// Wait lease.Delay() (or give the lease back with pool.Return).
 //	defer pool.Release(ctx, lease) // no-op once settled
@@ -32,6 +34,11 @@
 //	request bucket: capacity max(1, RPM'·Window/1m), refill RPM'/60 per second
 //	token bucket:   capacity TPM'·Window/1m,         refill TPM'/60 per second
 //
+// A key with Anthropic's separate input and output limits (Key.ITPM,
+// Key.OTPM) has an input and an output token bucket besides, built the
+// same way from ITPM' and OTPM' (see "Token metering"); a key without them
+// has just the two.
+//
 // RPM' and TPM' are the effective limits: the configured limit, lowered to
 // a smaller limit the provider's headers reported, times Config.Pace
 // (default 0.98) and times the key's back-off factor f (1 until a 429, see
@@ -52,8 +59,9 @@
 // 510 ms; with Pace 1, two at once, then one every 500 ms.
 //
 // Acquire takes 1 request and the estimated tokens (prompt plus
-// max_tokens). A request needs a level of 1, and est tokens or a full
-// token bucket, whichever is less: an estimate above a window's tokens
+// max_tokens; on an input or output bucket, the prompt or max_tokens
+// part, see Split). A request needs a level of 1, and est tokens or a full
+// token bucket, whichever is less, in each token bucket: an estimate above a window's tokens
 // (but within TPM) is admitted from a full bucket and leaves a debt, a
 // negative level that later requests wait out, as the providers do (a
 // 5,000-token call on a 1,000-token window: the next call waits 4 s).
@@ -91,20 +99,40 @@
 //     request at the time the request is received", from the prompt,
 //     max_tokens and best_of; not the billed count (Azure OpenAI "Manage
 //     quota", learn.microsoft.com azure/ai-services/openai/how-to/quota).
-//   - Anthropic (MeterUsage): requests, input tokens and output tokens are
-//     limited separately, each a continuously refilled token bucket; the
-//     output count is estimated from max_tokens when a request starts and
-//     adjusted to the real output when it ends; the
-//     anthropic-ratelimit-{input,output}-tokens-* headers report each
-//     (https://platform.claude.com/docs/en/api/rate-limits). The pool keeps
-//     one token bucket per key (Key.TPM, input and output together): set
-//     tpm_limit to what the key's input and output limits allow together;
-//     the headers' tighter token bucket lowers it.
-//   - Bedrock (MeterUsage): a call reserves input + max_tokens of the
-//     tokens-per-minute quota at its start and is adjusted to its real
-//     usage at its end ("How tokens are counted in Amazon Bedrock", AWS
-//     Bedrock user guide, quotas-token-burndown; the 5x burndown of some
-//     Claude 4 models' output tokens is not modelled).
+//   - Anthropic (MeterUsage): requests, input tokens (ITPM) and output
+//     tokens (OTPM) are limited separately, each a continuously refilled
+//     token bucket ("60 RPM may be enforced as 1 request per second").
+//     Input tokens count when a request is admitted: input_tokens and
+//     cache_creation_input_tokens, and on most models not
+//     cache_read_input_tokens (cache-aware ITPM). Output tokens are
+//     estimated from max_tokens at the beginning of each request and the
+//     estimate is adjusted at its end to the output actually produced
+//     (hence its advice to lower max_tokens when OTPM binds early). Each
+//     limit has its headers,
+//     anthropic-ratelimit-input-tokens-{limit,remaining,reset} and
+//     -output-tokens-*, besides -tokens-*, the most restrictive token limit
+//     in effect (Claude API docs, "Rate limits",
+//     https://platform.claude.com/docs/en/api/rate-limits). A key with
+//     Key.ITPM and Key.OTPM (config itpm_limit, otpm_limit) imitates this:
+//     Acquire charges the prompt's estimate to the input bucket and
+//     max_tokens to the output bucket (Split), Success settles each to
+//     usage.InputTokens and usage.OutputTokens, and each bucket follows
+//     its own headers down; tokens-* then lowers nothing (an output limit
+//     of 16,000 read as the key's combined limit would pace its input to
+//     it). The adapter's InputTokens include cache reads, so on a cached
+//     prompt the input bucket settles higher than Anthropic counts: the
+//     safe side. Without ITPM and OTPM the key's one token bucket (Key.TPM)
+//     covers input and output together: set tpm_limit to what both allow
+//     together; the headers' tighter token bucket lowers it.
+//   - Bedrock (MeterUsage): one tokens-per-minute quota counts input and
+//     output together; a call reserves input + max_tokens of it at its
+//     start and is adjusted to its real usage at its end ("How tokens are
+//     counted in Amazon Bedrock", AWS Bedrock user guide,
+//     quotas-token-burndown). Bedrock has no separate input and output
+//     limits and sends no rate-limit headers, so its keys have no ITPM or
+//     OTPM (pkg/config refuses them) and nothing corrects them. Its 5x
+//     burndown of some Claude 4 models' output tokens is not modelled:
+//     set such a key's tpm_limit with it in mind.
 //   - A local server (MeterUsage) meters nothing; its estimate settles to
 //     usage.
 //
@@ -113,11 +141,15 @@
 // MeterAdmission key only upwards (usage above the estimate is charged,
 // the unused max_tokens stays spent). Release (a call abandoned
 // mid-flight) refunds on MeterUsage only: an OpenAI call may have been
-// admitted. Return (never called) and the refunding failures give the
-// tokens back on every key. Whatever a settlement leaves, the provider's
+// admitted; an input bucket keeps its charge even there, since Anthropic
+// counted the input when it admitted the call, and the output bucket is
+// refunded as Anthropic adjusts its max_tokens estimate. Return (never
+// called) and the refunding failures give the tokens back on every key and
+// bucket. Whatever a settlement leaves, the provider's
 // headers then only ever lower it: the pool never holds more tokens than
 // the provider's x-ratelimit-remaining-tokens (or Anthropic's tightest
-// remaining) says are free.
+// remaining, or its input and output remaining for those buckets) says
+// are free.
 //
 // # Reservations
 //
@@ -145,7 +177,8 @@
 // Each ask registers (or refreshes) its waiter, then counts the grants the
 // route's keys can make within the reservation horizon (for each key not
 // cooling and under its in-flight cap: floor(requests level + horizon ·
-// rate), fewer when its tokens run out first). The waiter is granted only
+// rate), fewer when any of its token buckets, input and output ones
+// included, runs out first). The waiter is granted only
 // when its rank in the line is within that count, and then leaves the
 // line; so a waiter that asks early cannot take the turn of one ahead of
 // it, and the grant order is the line's order up to the horizon. A refused
@@ -179,7 +212,8 @@
 //
 //	min((requests-1)/requestCapacity, (tokens-est)/max(tokenCapacity, est), (MaxInFlight-inflight-1)/MaxInFlight)
 //
-// (the last term only with a MaxInFlight); ties go to the earlier key in
+// (the last term only with a MaxInFlight; an input or output bucket adds
+// its own term like the token bucket's, with its part of est); ties go to the earlier key in
 // the configuration, so equal idle keys alternate. This is the design's
 // "lowest RPM utilisation" extended to the token and concurrency limits,
 // so one nearly spent limit cannot hide behind a fresh one.
@@ -189,7 +223,8 @@
 // the time for its buckets to hold the request (a full token bucket for an
 // estimate above a window), the end of its cooldown, or the expiry of its
 // oldest lease when it is at MaxInFlight. Disabled keys never count. An
-// estimate larger than every key's configured TPM fails with ErrTooLarge
+// estimate larger than every key's configured TPM (or with an input or
+// output part larger than its ITPM or OTPM) fails with ErrTooLarge
 // instead: no wait would admit it.
 //
 // # Cooldown rule
@@ -246,7 +281,8 @@
 // the snapshot read several keys in one script):
 //
 //	P key:<id>     hash, one per provider key:
-//	                 provider, tier, rpm, tpm, mif, win (µs), pace
+//	                 provider, tier, rpm, tpm, mif, win (µs), pace,
+//	                 itpm, otpm (0: none)
 //	                   configuration, written by every New (the last
 //	                   process to start wins)
 //	                 hr, ht   requests and tokens limits the provider
@@ -254,6 +290,9 @@
 //	                 f        back-off factor, 0.5..1
 //	                 rl, tl, ts  request level, token level, their Redis
 //	                          time (µs)
+//	                 il, ol, hi, ho  input and output levels (same time)
+//	                          and limits the provider reported below
+//	                          itpm, otpm; only with that limit
 //	                 n        consecutive 429s
 //	                 cu, cs   cooling until, last escalation (µs)
 //	                 off, off_at  disable reason and time

@@ -31,7 +31,8 @@ func Example() {
 		{ID: "claude-sonnet-1", Provider: llm.ProviderClaude, Tier: "sonnet",
 			Cred: llm.Credential{APIKey: secret.New(os.Getenv("CLAUDE_API_KEY_1"))}, RPM: 60, TPM: 80000},
 		{ID: "claude-sonnet-2", Provider: llm.ProviderClaude, Tier: "sonnet",
-			Cred: llm.Credential{APIKey: secret.New(os.Getenv("CLAUDE_API_KEY_2"))}, RPM: 60, TPM: 80000},
+			Cred: llm.Credential{APIKey: secret.New(os.Getenv("CLAUDE_API_KEY_2"))}, RPM: 60, TPM: 80000,
+			ITPM: 64000, OTPM: 16000}, // Anthropic's input and output limits, metered apart
 	}}, logger)
 	if err != nil {
 		logger.Error("key pool", "err", err)
@@ -60,7 +61,9 @@ func Example() {
 
 // call makes one provider call on a key of route.
 func call(ctx context.Context, pool *keypool.Pool, client llm.Client, route llm.Route, req *llm.Request) error {
-	lease, err := pool.Acquire(ctx, route, 2000+req.MaxTokens, keypool.Within(2*time.Second))
+	// The prompt and max_tokens apart, for a key with ITPM and OTPM.
+	est := llm.EstimateRequest(req)
+	lease, err := pool.Acquire(ctx, route, est.Total(), keypool.Split(est.Input, est.Output), keypool.Within(2*time.Second))
 	if err != nil {
 		return err
 	}

@@ -65,6 +65,11 @@ const (
 	ReasonCooling  = "cooling"   // cooling after a 429
 	ReasonInFlight = "in_flight" // MaxInFlight calls in flight
 	ReasonDisabled = "disabled"  // every key of the route is disabled
+
+	// ReasonInputTokens and ReasonOutputTokens: a key's ITPM or OTPM
+	// bucket (Anthropic) is short of the estimate's input or output part.
+	ReasonInputTokens  = "input_tokens"
+	ReasonOutputTokens = "output_tokens"
 )
 
 // ExhaustedError says that no key of Route has room, and when the earliest
@@ -111,6 +116,17 @@ type Key struct {
 	// TPM is the tokens-per-minute limit (> 0), metered the same way
 	// (without the one-request floor). An estimate above TPM never fits.
 	TPM int
+	// ITPM and OTPM are Anthropic's separate input and output
+	// tokens-per-minute limits; 0 (the default) means the key has no such
+	// limit and behaves as one with TPM alone. When set, the key has an
+	// input or output token bucket too, metered like the token bucket:
+	// Acquire charges the estimate's input part (Split) to the first and its
+	// max_tokens to the second, Success settles each to the usage, and
+	// anthropic-ratelimit-{input,output}-tokens-* headers lower them (see
+	// the package doc, "Token metering"). An input part above ITPM, or an
+	// output part above OTPM, never fits the key.
+	ITPM int
+	OTPM int
 	// MaxInFlight caps concurrent calls on the key; 0 means no limit.
 	MaxInFlight int
 	// Window overrides Config.Window for this key; 0 means Config.Window.
@@ -276,6 +292,10 @@ func (c Config) Validate() error {
 			return fmt.Errorf("keypool: Config.Keys[%d] (%s).RPM must be > 0, got %d", i, k.ID, k.RPM)
 		case k.TPM <= 0:
 			return fmt.Errorf("keypool: Config.Keys[%d] (%s).TPM must be > 0, got %d", i, k.ID, k.TPM)
+		case k.ITPM < 0:
+			return fmt.Errorf("keypool: Config.Keys[%d] (%s).ITPM must be >= 0 (0: none), got %d", i, k.ID, k.ITPM)
+		case k.OTPM < 0:
+			return fmt.Errorf("keypool: Config.Keys[%d] (%s).OTPM must be >= 0 (0: none), got %d", i, k.ID, k.OTPM)
 		case k.MaxInFlight < 0:
 			return fmt.Errorf("keypool: Config.Keys[%d] (%s).MaxInFlight must be >= 0, got %d", i, k.ID, k.MaxInFlight)
 		case k.Window < time.Millisecond || k.Window > time.Minute:
@@ -364,10 +384,11 @@ func (p *Pool) register(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.OpTimeout)
 	defer cancel()
 	keys := make([]string, len(p.cfg.Keys))
-	args := make([]any, 0, 7*len(p.cfg.Keys))
+	args := make([]any, 0, 9*len(p.cfg.Keys))
 	for i, k := range p.cfg.Keys {
 		keys[i] = stateKey(p.cfg.Prefix, k.ID)
-		args = append(args, string(k.Provider), k.Tier, k.RPM, k.TPM, k.MaxInFlight, k.Window.Microseconds(), p.cfg.Pace)
+		args = append(args, string(k.Provider), k.Tier, k.RPM, k.TPM, k.MaxInFlight, k.Window.Microseconds(), p.cfg.Pace,
+			k.ITPM, k.OTPM)
 	}
 	res, err := p.sc.register.Run(ctx, p.rdb, keys, args...).Result()
 	if err != nil {
@@ -384,7 +405,8 @@ func (p *Pool) register(ctx context.Context) error {
 		}
 		k := p.cfg.Keys[i-1]
 		p.logger.Info("keypool: key limits changed by this process's configuration",
-			"key", k.ID, "route", k.Route().String(), "rpm", k.RPM, "tpm", k.TPM, "max_in_flight", k.MaxInFlight,
+			"key", k.ID, "route", k.Route().String(), "rpm", k.RPM, "tpm", k.TPM, "itpm", k.ITPM, "otpm", k.OTPM,
+			"max_in_flight", k.MaxInFlight,
 			"window", k.Window, "pace", p.cfg.Pace)
 	}
 	return nil
@@ -414,6 +436,10 @@ type Lease struct {
 	Cred llm.Credential
 	// EstTokens is the number of tokens reserved.
 	EstTokens int
+	// EstInput and EstOutput are the parts of EstTokens charged to the
+	// key's ITPM and OTPM buckets (see Split); each is EstTokens when
+	// Acquire was not told the split.
+	EstInput, EstOutput int
 	// GrantedAt is the Redis time of the grant.
 	GrantedAt time.Time
 	// NotBefore is when the call may be made: GrantedAt, or later for a

@@ -161,6 +161,8 @@ func TestConfigValidate(t *testing.T) {
 		{"zero rpm", func(c *Config) { c.Keys[0].RPM = 0 }, "Keys[0] (a).RPM must be > 0"},
 		{"zero tpm", func(c *Config) { c.Keys[0].TPM = 0 }, "Keys[0] (a).TPM must be > 0"},
 		{"negative in-flight", func(c *Config) { c.Keys[0].MaxInFlight = -1 }, "MaxInFlight must be >= 0"},
+		{"negative itpm", func(c *Config) { c.Keys[0].ITPM = -1 }, "Keys[0] (a).ITPM must be >= 0 (0: none), got -1"},
+		{"negative otpm", func(c *Config) { c.Keys[0].OTPM = -5 }, "Keys[0] (a).OTPM must be >= 0 (0: none), got -5"},
 		{"tiny lease ttl", func(c *Config) { c.LeaseTTL = time.Microsecond }, "Config.LeaseTTL"},
 		{"max below base", func(c *Config) { c.CooldownBase = 10 * time.Second; c.CooldownMax = time.Second }, "Config.CooldownMax"},
 		{"negative op timeout", func(c *Config) { c.OpTimeout = -time.Second }, "Config.OpTimeout"},

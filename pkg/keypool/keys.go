@@ -6,8 +6,10 @@ import "bulwark/pkg/llm"
 // prefix isolates one pool (or one test) from every other.
 
 // stateKey is the hash holding one provider key's limits and state:
-// provider, tier, rpm, tpm, mif, win (µs), pace (configuration, written at
-// registration), hr, ht (limits the provider reported below ours, 0: none),
+// provider, tier, rpm, tpm, mif, win (µs), pace, itpm, otpm (configuration,
+// written at registration), hr, ht (limits the provider reported below ours,
+// 0: none), il, ol, hi, ho (input and output levels and reported limits,
+// only on a key with that limit),
 // f (429 back-off factor), rl, tl, ts (bucket levels and the Redis time in
 // µs they were computed at), n (consecutive 429s), cu (cooling until, µs),
 // cs (time of the last cooldown escalation, µs), off and off_at (disable

@@ -16,14 +16,26 @@ local function nowus()
   return tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
 local function fmt17(x) return string.format('%.17g', x) end
-local FIELDS = {'rpm', 'tpm', 'mif', 'win', 'pace', 'rl', 'tl', 'ts', 'n', 'cu', 'cs', 'off', 'hr', 'ht', 'f', 'rv'}
+local FIELDS = {'rpm', 'tpm', 'mif', 'win', 'pace', 'rl', 'tl', 'ts', 'n', 'cu', 'cs', 'off', 'hr', 'ht', 'f', 'rv',
+  'itpm', 'otpm', 'il', 'ol', 'hi', 'ho'}
 -- JITTER (µs) is the arrival jitter pacing absorbs on a key whose provider
 -- bucket holds less than two requests (RPM·window < 2/min·min): such a
 -- bucket never builds a reserve, so two calls granted one refill apart
 -- must also arrive at least that far apart; each grant is spaced JITTER
 -- more. Larger buckets build their reserve from the pace margin.
 local JITTER = 50000
--- load returns the state of key hash h with both buckets brought up to now,
+-- side returns the effective rate, capacity and level now of one of
+-- Anthropic's separate input and output buckets (limit lim, a limit the
+-- provider reported below it heard, the stored level): the token bucket's
+-- model applied to that limit.
+local function side(s, lim, heard, stored, dt)
+  local e = lim
+  if heard > 0 and heard < e then e = heard end
+  e = e * s.pace * s.f
+  local cap = e * s.win / 60000000
+  return e, cap, math.min(cap, (tonumber(stored) or cap) + dt * e / 60000000)
+end
+-- load returns the state of key hash h with its buckets brought up to now,
 -- or nil when the key is not registered. er/et are the effective
 -- per-minute rates: the configured limit, lowered to a limit the provider
 -- reported, times pace and the adaptive factor f. capR/capT are the bucket
@@ -52,46 +64,71 @@ local function load(h, now)
   if dt < 0 then dt = 0 end
   s.rl = math.min(s.capR, (tonumber(v[6]) or s.capR) + dt * s.er / 60000000)
   s.tl = math.min(s.capT, (tonumber(v[7]) or s.capT) + dt * s.et / 60000000)
+  -- A key with an ITPM or OTPM (Anthropic) has an input or output bucket
+  -- too (ei/eo, capI/capO, il/ol); 0 means no such limit.
+  s.itpm, s.otpm = tonumber(v[17]) or 0, tonumber(v[18]) or 0
+  s.hi, s.ho = tonumber(v[21]) or 0, tonumber(v[22]) or 0
+  if s.itpm > 0 then s.ei, s.capI, s.il = side(s, s.itpm, s.hi, v[19], dt) end
+  if s.otpm > 0 then s.eo, s.capO, s.ol = side(s, s.otpm, s.ho, v[20], dt) end
   return s
 end
 local function save(h, s, now)
   redis.call('HSET', h, 'rl', fmt17(s.rl), 'tl', fmt17(s.tl), 'ts', fmt17(now), 'n', s.n,
     'cu', fmt17(s.cu), 'cs', fmt17(s.cs), 'f', fmt17(s.f), 'hr', s.hr, 'ht', s.ht, 'rv', fmt17(s.rv))
+  if s.itpm > 0 then redis.call('HSET', h, 'il', fmt17(s.il), 'hi', s.hi) end
+  if s.otpm > 0 then redis.call('HSET', h, 'ol', fmt17(s.ol), 'ho', s.ho) end
 end
--- wait returns the µs until s has room for one request of est tokens (0:
--- now) and which bucket holds it back. A request larger than a window's
--- tokens is admitted from a full bucket, leaving a debt, as providers do.
-local function wait(s, est)
+-- buckets lists the token buckets a request of est tokens, ein of them
+-- input and eout output, draws on: {level, capacity, rate, charge,
+-- reason}. A key without ITPM and OTPM has the one token bucket.
+local function buckets(s, est, ein, eout)
+  local b = {{s.tl, s.capT, s.et, est, 'tokens'}}
+  if s.itpm > 0 then b[#b + 1] = {s.il, s.capI, s.ei, ein, 'input_tokens'} end
+  if s.otpm > 0 then b[#b + 1] = {s.ol, s.capO, s.eo, eout, 'output_tokens'} end
+  return b
+end
+-- wait returns the µs until s has room for one request of est tokens (ein
+-- input, eout output; 0: now) and which bucket holds it back. A request
+-- larger than a window's tokens is admitted from a full bucket, leaving a
+-- debt, as providers do.
+local function wait(s, est, ein, eout)
   local w, why = 0, ''
   if s.rl < 1 then w, why = (1 - s.rl) * 60000000 / s.er, 'requests' end
-  local need = est
-  if need > s.capT then need = s.capT end
-  if s.tl < need then
-    local x = (need - s.tl) * 60000000 / s.et
-    if x > w then w, why = x, 'tokens' end
+  for _, b in ipairs(buckets(s, est, ein, eout)) do
+    local need = math.min(b[4], b[2])
+    if b[1] < need then
+      local x = (need - b[1]) * 60000000 / b[3]
+      if x > w then w, why = x, b[5] end
+    end
   end
   return w, why
 end
--- within returns how many requests of est tokens s can grant within ahead
--- µs (w, why: wait(s, est)), and the wait of the first grant beyond those
--- with the bucket that holds it back. Used by the line: a key of room r
--- requests by the horizon grants floor(r) of them, fewer when its tokens
--- or its in-flight cap run out first.
-local function within(s, est, ahead, w, why, inflight)
+-- within returns how many requests of est tokens (ein input, eout output)
+-- s can grant within ahead µs (w, why: wait(s, est, ein, eout)), and the
+-- wait of the first grant beyond those with the bucket that holds it back.
+-- Used by the line: a key of room r requests by the horizon grants
+-- floor(r) of them, fewer when any of its token buckets (tokens, input,
+-- output) or its in-flight cap run out first.
+local function within(s, est, ein, eout, ahead, w, why, inflight)
   if w > ahead then return 0, w, why end
   local k = math.floor(s.rl + ahead * s.er / 60000000 + 1e-9)
-  local need = est
-  if need > s.capT then need = s.capT end
-  if est > 0 then
-    local kt = 1 + math.floor((s.tl + ahead * s.et / 60000000 - need) / est + 1e-9)
-    if kt < k then k = kt end
+  local bs = buckets(s, est, ein, eout)
+  for _, b in ipairs(bs) do
+    local e = b[4]
+    if e > 0 then
+      local kt = 1 + math.floor((b[1] + ahead * b[3] / 60000000 - math.min(e, b[2])) / e + 1e-9)
+      if kt < k then k = kt end
+    end
   end
   if s.mif > 0 and s.mif - inflight < k then k = s.mif - inflight end
   if k < 1 then k = 1 end
   local after, awhy = (k + 1 - s.rl) * 60000000 / s.er, 'requests'
-  if est > 0 then
-    local x = (need + k * est - s.tl) * 60000000 / s.et
-    if x > after then after, awhy = x, 'tokens' end
+  for _, b in ipairs(bs) do
+    local e = b[4]
+    if e > 0 then
+      local x = (math.min(e, b[2]) + k * e - b[1]) * 60000000 / b[3]
+      if x > after then after, awhy = x, b[5] end
+    end
   end
   return k, after, awhy
 end
@@ -103,25 +140,31 @@ end
 // levels are only clamped to a lowered capacity.
 //
 // KEYS[i]            state hash of key i
-// ARGV[7i-6 .. 7i]   provider, tier, rpm, tpm, max in-flight, window (µs), pace of key i
+// ARGV[9i-8 .. 9i]   provider, tier, rpm, tpm, max in-flight, window (µs),
+// pace, itpm, otpm (0: none) of key i
 // Reply: array of the 1-based indexes of keys whose stored limits changed.
 const registerLua = luaCommon + `
 local now = nowus()
 local changed = {}
 for i = 1, #KEYS do
-  local b = 7 * (i - 1)
+  local b = 9 * (i - 1)
   local h = KEYS[i]
-  local old = redis.call('HMGET', h, 'rpm', 'tpm', 'mif', 'win', 'pace', 'provider', 'tier')
+  local old = redis.call('HMGET', h, 'rpm', 'tpm', 'mif', 'win', 'pace', 'itpm', 'otpm', 'provider', 'tier')
   if old[1] then
-    for j = 1, 5 do
-      if tonumber(old[j]) ~= tonumber(ARGV[b + 2 + j]) then changed[#changed + 1] = i; break end
+    for j = 1, 7 do
+      -- A hash written before ITPM/OTPM existed has none: 0.
+      if (tonumber(old[j]) or 0) ~= tonumber(ARGV[b + 2 + j]) then changed[#changed + 1] = i; break end
     end
-    if old[6] ~= ARGV[b + 1] or old[7] ~= ARGV[b + 2] then
+    if old[8] ~= ARGV[b + 1] or old[9] ~= ARGV[b + 2] then
       if changed[#changed] ~= i then changed[#changed + 1] = i end
     end
   end
   redis.call('HSET', h, 'provider', ARGV[b + 1], 'tier', ARGV[b + 2], 'rpm', ARGV[b + 3], 'tpm', ARGV[b + 4],
-    'mif', ARGV[b + 5], 'win', ARGV[b + 6], 'pace', ARGV[b + 7])
+    'mif', ARGV[b + 5], 'win', ARGV[b + 6], 'pace', ARGV[b + 7], 'itpm', ARGV[b + 8], 'otpm', ARGV[b + 9])
+  -- A limit taken out of the configuration takes its bucket with it; one
+  -- put back starts full.
+  if tonumber(ARGV[b + 8]) == 0 then redis.call('HDEL', h, 'il', 'hi') end
+  if tonumber(ARGV[b + 9]) == 0 then redis.call('HDEL', h, 'ol', 'ho') end
   -- load() fills a new key's buckets and clamps an old key's levels to the
   -- (possibly smaller) capacities; save() writes them back.
   save(h, load(h, now), now)
@@ -157,6 +200,8 @@ return changed
 // ARGV[7]  waiter id; empty: no line (the ask goes before every waiter)
 // ARGV[8]  the waiter's place (smaller goes first)
 // ARGV[9]  how long the registration lives without another ask, µs
+// ARGV[10] the input part of ARGV[1], charged to an ITPM bucket
+// ARGV[11] the output part of ARGV[1] (max_tokens), charged to an OTPM bucket
 // Reply:
 //
 //	{1, i, now, expiry, at}    granted on key i for time at (>= now); the
@@ -164,8 +209,11 @@ return changed
 //	{0, wait, reason, now}     no room, or not this waiter's turn: ask again
 //	                           in wait µs (-1: every fitting key is
 //	                           disabled); reason is
-//	                           requests|tokens|cooling|in_flight|disabled
-//	{-1, now}                  est exceeds the TPM of every key: never fits
+//	                           requests|tokens|input_tokens|
+//	                           output_tokens|cooling|in_flight|disabled
+//	{-1, now}                  est exceeds the TPM (or its input part the
+//	                           ITPM, its output part the OTPM) of every
+//	                           key: never fits
 //	{-2, i}                    key i is not registered (Redis lost its state)
 const acquireLua = luaCommon + `
 -- whole is a wait in whole µs, at least 1; a negative one (every key
@@ -177,6 +225,7 @@ end
 local est, ttl, lease, ahead = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], tonumber(ARGV[4])
 local prefs, rot = ARGV[5] or '', tonumber(ARGV[6] or '0')
 local who, place, lttl = ARGV[7] or '', ARGV[8], tonumber(ARGV[9] or '0')
+local ein, eout = tonumber(ARGV[10] or ARGV[1]), tonumber(ARGV[11] or ARGV[1])
 local now = nowus()
 local n = (#KEYS - 3) / 2
 local line, lineExp, paceKey = KEYS[#KEYS - 2], KEYS[#KEYS - 1], KEYS[#KEYS]
@@ -191,10 +240,10 @@ for i = 1, n do
   local h, z = KEYS[2 * i - 1], KEYS[2 * i]
   local s = load(h, now)
   if not s then return {-2, i} end
-  if est <= s.tpm then
+  if est <= s.tpm and (s.itpm == 0 or ein <= s.itpm) and (s.otpm == 0 or eout <= s.otpm) then
     fits = fits + 1
     if not s.off then
-      local w, reason = wait(s, est)
+      local w, reason = wait(s, est, ein, eout)
       -- hard: a wait no reservation may skip.
       local hard, hreason = 0, ''
       if s.cu > now then hard, hreason = s.cu - now, 'cooling' end
@@ -277,7 +326,7 @@ for _, k in ipairs(ks) do
     if not free and spaceAt > q then q = spaceAt end
   end
   if hard == 0 then
-    local c, after, why = within(s, est, ahead, w, k.reason, k.inflight)
+    local c, after, why = within(s, est, ein, eout, ahead, w, k.reason, k.inflight)
     if free then
       grants = grants + c
     elseif q <= ahead then
@@ -295,8 +344,10 @@ for _, k in ipairs(ks) do
     -- reservation. The earliest key wins; among keys free now, a
     -- preferred one, then the most headroom, then the rotation.
     local head = (s.rl - 1) / s.capR
-    local th = (s.tl - est) / math.max(s.capT, est)
-    if th < head then head = th end
+    for _, b in ipairs(buckets(s, est, ein, eout)) do
+      local th = (b[1] - b[4]) / math.max(b[2], b[4])
+      if th < head then head = th end
+    end
     if s.mif > 0 then
       local ih = (s.mif - k.inflight - 1) / s.mif
       if ih < head then head = ih end
@@ -347,6 +398,8 @@ if best == 0 then return {0, whole(minWait), minReason, now} end
 local h, z = KEYS[2 * best - 1], KEYS[2 * best]
 bestS.rl = bestS.rl - 1
 bestS.tl = bestS.tl - est
+if bestS.itpm > 0 then bestS.il = bestS.il - ein end
+if bestS.otpm > 0 then bestS.ol = bestS.ol - eout end
 local at = now + math.ceil(bestWait)
 if at > bestS.rv then bestS.rv = at end
 save(h, bestS, now)
@@ -408,6 +461,10 @@ return out
 // ARGV[9]  disable reason (op off)
 // ARGV[10..15] provider headers, -1 when absent: requests limit,
 // remaining, reset (µs from now); tokens limit, remaining, reset
+// ARGV[16] input tokens to give back to the ITPM bucket (negative: charge)
+// ARGV[17] output tokens to give back to the OTPM bucket (negative: charge)
+// ARGV[18..23] provider headers as ARGV[10..15], for the input tokens
+// and the output tokens (a key without that limit ignores them)
 // Reply: {lease was live (0|1), consecutive 429s, cooling until (µs), now,
 // bucket lowered by the provider's headers (0|1), registered (0|1)}
 const settleLua = luaCommon + `
@@ -415,8 +472,10 @@ local now = nowus()
 local removed = redis.call('ZREM', KEYS[2], ARGV[1])
 local s = load(KEYS[1], now)
 if not s then return {removed, 0, 0, now, 0, 0} end
-local rl0, tl0 = s.rl, s.tl
+local rl0, tl0, il0, ol0 = s.rl, s.tl, s.il, s.ol
 s.tl = math.min(s.capT, s.tl + tonumber(ARGV[2]))
+if s.itpm > 0 then s.il = math.min(s.capI, s.il + tonumber(ARGV[16])) end
+if s.otpm > 0 then s.ol = math.min(s.capO, s.ol + tonumber(ARGV[17])) end
 if ARGV[3] == '1' then s.rl = math.min(s.capR, s.rl + 1) end
 -- A credit must not let the buckets fill before the last reservation made
 -- ahead is due: refilling clamps at capacity and would forget that
@@ -426,6 +485,8 @@ if s.rv > now then
   local a = (s.rv - now) / 60000000
   s.rl = math.min(s.rl, math.max(rl0, s.capR - a * s.er))
   s.tl = math.min(s.tl, math.max(tl0, s.capT - a * s.et))
+  if s.itpm > 0 then s.il = math.min(s.il, math.max(il0, s.capI - a * s.ei)) end
+  if s.otpm > 0 then s.ol = math.min(s.ol, math.max(ol0, s.capO - a * s.eo)) end
 end
 -- A limit the provider reports below ours becomes the effective limit; one
 -- at or above ours ends an earlier correction.
@@ -436,6 +497,8 @@ local function learn(lim, conf, cur)
 end
 s.hr = learn(tonumber(ARGV[10]), s.rpm, s.hr)
 s.ht = learn(tonumber(ARGV[13]), s.tpm, s.ht)
+if s.itpm > 0 then s.hi = learn(tonumber(ARGV[18]), s.itpm, s.hi) end
+if s.otpm > 0 then s.ho = learn(tonumber(ARGV[21]), s.otpm, s.ho) end
 -- bound: the provider's per-minute bucket holds remaining, and (refilling
 -- at limit per minute) reaches full after reset; our window bucket never
 -- holds more than that bucket.
@@ -454,7 +517,10 @@ end
 local lr, lt
 s.rl, lr = bound(s.rl, tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12]))
 s.tl, lt = bound(s.tl, tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15]))
-local lowered = math.max(lr, lt)
+local li, lo = 0, 0
+if s.itpm > 0 then s.il, li = bound(s.il, tonumber(ARGV[18]), tonumber(ARGV[19]), tonumber(ARGV[20])) end
+if s.otpm > 0 then s.ol, lo = bound(s.ol, tonumber(ARGV[21]), tonumber(ARGV[22]), tonumber(ARGV[23])) end
+local lowered = math.max(lr, lt, li, lo)
 local op = ARGV[4]
 if op == 'ok' then
   s.n = 0
@@ -515,7 +581,9 @@ return redis.call('HEXISTS', KEYS[1], 'rpm')
 // Reply: {now, row, ...}; a row is {} for an unregistered key, else
 // {rpm, tpm, mif, requests level, tokens level, requests capacity,
 // tokens capacity, effective rpm, effective tpm, n, cooling until, off (or
-// empty), live leases} with numbers as strings.
+// empty), live leases, itpm, otpm, input level, output level, input
+// capacity, output capacity} with numbers as strings (the last four 0 for
+// a key without that limit).
 const snapshotLua = luaCommon + `
 local now = nowus()
 local out = {now}
@@ -526,7 +594,8 @@ for i = 1, #KEYS / 2 do
   else
     local live = redis.call('ZCOUNT', KEYS[2 * i], '(' .. fmt17(now), '+inf')
     out[#out + 1] = {fmt17(s.rpm), fmt17(s.tpm), fmt17(s.mif), fmt17(s.rl), fmt17(s.tl), fmt17(s.capR),
-      fmt17(s.capT), fmt17(s.er), fmt17(s.et), fmt17(s.n), fmt17(s.cu), s.off or '', fmt17(live)}
+      fmt17(s.capT), fmt17(s.er), fmt17(s.et), fmt17(s.n), fmt17(s.cu), s.off or '', fmt17(live),
+      fmt17(s.itpm), fmt17(s.otpm), fmt17(s.il or 0), fmt17(s.ol or 0), fmt17(s.capI or 0), fmt17(s.capO or 0)}
   end
 end
 return out

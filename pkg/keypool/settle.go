@@ -68,6 +68,8 @@ func (a Action) String() string {
 
 type settleArgs struct {
 	tokensBack  int  // returned to the token bucket; negative charges more
+	inputBack   int  // returned to the ITPM bucket, if the key has one
+	outputBack  int  // returned to the OTPM bucket, if the key has one
 	requestBack bool // the call was never made: return the request too
 	rl          llm.RateLimit
 	op          string
@@ -89,22 +91,35 @@ type settleResult struct {
 // MeterAdmission only usage above the reservation is charged, and nothing
 // is refunded, since the provider keeps counting the max_tokens it admitted.
 // A zero usage means the provider did not report it and the estimate
-// stands. The key's consecutive 429 count is reset, the in-flight slot is
+// stands. A key's ITPM and OTPM buckets settle the same way, each to its
+// side of the usage (Lease.EstInput to usage.InputTokens, Lease.EstOutput
+// to usage.OutputTokens). The key's consecutive 429 count is reset, the in-flight slot is
 // freed, and the provider's rate-limit headers correct the key (see
 // headerArgs): they only ever lower a level, so a refund never leaves more
 // tokens than the provider says are free.
 //
 // It returns ErrSettled if the lease was already settled.
 func (p *Pool) Success(ctx context.Context, l *Lease, usage llm.Usage, rl llm.RateLimit) error {
-	back := 0
-	if t := usage.Total(); t > 0 && l != nil {
-		back = l.EstTokens - t
-		if back > 0 && p.metering(l) == MeterAdmission {
-			back = 0
-		}
+	a := settleArgs{rl: rl, op: opOK}
+	if usage.Total() > 0 && l != nil {
+		admission := p.metering(l) == MeterAdmission
+		a.tokensBack = settleTo(l.EstTokens, usage.Total(), admission)
+		a.inputBack = settleTo(l.EstInput, usage.InputTokens, admission)
+		a.outputBack = settleTo(l.EstOutput, usage.OutputTokens, admission)
 	}
-	_, err := p.settle(ctx, "success", l, true, settleArgs{tokensBack: back, rl: rl, op: opOK})
+	_, err := p.settle(ctx, "success", l, true, a)
 	return err
+}
+
+// settleTo is what goes back to a bucket charged est once the call used
+// used: the difference (negative: a further charge), or on a key whose
+// provider keeps its admission charge only the further charge.
+func settleTo(est, used int, admission bool) int {
+	back := est - used
+	if back > 0 && admission {
+		return 0
+	}
+	return back
 }
 
 // metering is how the key of l settles (MeterAdmission for an unknown key,
@@ -122,14 +137,14 @@ func (p *Pool) metering(l *Lease) Metering {
 // in-flight slot is always freed. It returns ErrSettled if the lease was
 // already settled.
 func (p *Pool) Failure(ctx context.Context, l *Lease, a Action, callErr error) error {
-	args := settleArgs{op: opNone, tokensBack: l.EstTokens}
+	args := settleArgs{op: opNone, tokensBack: l.EstTokens, inputBack: l.EstInput, outputBack: l.EstOutput}
 	var pe *llm.Error
 	if errors.As(callErr, &pe) {
 		args.rl = pe.RateLimit
 	}
 	switch a {
 	case Cool:
-		args.op, args.tokensBack = opCool, 0
+		args.op, args.tokensBack, args.inputBack, args.outputBack = opCool, 0, 0, 0
 		if pe != nil {
 			args.retryAfter = pe.RetryAfter
 		}
@@ -179,7 +194,10 @@ func disableReason(pe *llm.Error) string {
 // caller's context was cancelled mid-call): the in-flight slot is freed and
 // the request stays counted. The tokens are refunded on a MeterUsage key
 // (nothing was generated); on a MeterAdmission key they stay charged, since
-// the provider may have admitted the call and does not refund. Release
+// the provider may have admitted the call and does not refund. An ITPM
+// bucket keeps its charge on every key: the provider counted the input
+// when it admitted the call; an OTPM bucket is refunded on MeterUsage, as
+// Anthropic adjusts its max_tokens estimate to the output produced. Release
 // after Success, Failure or Return does nothing and returns nil. It runs
 // even when ctx is already cancelled.
 func (p *Pool) Release(ctx context.Context, l *Lease) error {
@@ -189,11 +207,11 @@ func (p *Pool) Release(ctx context.Context, l *Lease) error {
 	if l.settled.Load() {
 		return nil
 	}
-	back := l.EstTokens
+	a := settleArgs{tokensBack: l.EstTokens, outputBack: l.EstOutput, op: opNone}
 	if p.metering(l) == MeterAdmission {
-		back = 0
+		a.tokensBack, a.outputBack = 0, 0
 	}
-	_, err := p.settle(ctx, "release", l, false, settleArgs{tokensBack: back, op: opNone})
+	_, err := p.settle(ctx, "release", l, false, a)
 	return err
 }
 
@@ -208,7 +226,8 @@ func (p *Pool) Return(ctx context.Context, l *Lease) error {
 	if l.settled.Load() {
 		return nil
 	}
-	_, err := p.settle(ctx, "return", l, false, settleArgs{tokensBack: l.EstTokens, requestBack: true, op: opNone})
+	_, err := p.settle(ctx, "return", l, false, settleArgs{tokensBack: l.EstTokens, inputBack: l.EstInput,
+		outputBack: l.EstOutput, requestBack: true, op: opNone})
 	return err
 }
 
@@ -218,7 +237,8 @@ func (p *Pool) settle(ctx context.Context, op string, l *Lease, strict bool, a s
 	if l == nil {
 		return settleResult{}, fmt.Errorf("keypool: %s: nil lease", op)
 	}
-	if _, ok := p.byID[l.KeyID]; !ok {
+	ki, ok := p.byID[l.KeyID]
+	if !ok {
 		return settleResult{}, fmt.Errorf("keypool: %s key %q: %w", op, l.KeyID, ErrUnknownKey)
 	}
 	if !l.settled.CompareAndSwap(false, true) {
@@ -238,7 +258,9 @@ func (p *Pool) settle(ctx context.Context, op string, l *Lease, strict bool, a s
 	}
 	args := []any{l.ID, a.tokensBack, reqBack, a.op, l.grantedUS,
 		p.cfg.CooldownBase.Microseconds(), p.cfg.CooldownMax.Microseconds(), a.retryAfter.Microseconds(), a.reason}
-	args = append(args, headerArgs(a.rl, time.Now())...)
+	args = append(args, headerArgs(combinedRateLimit(p.cfg.Keys[ki], a.rl), time.Now())...)
+	args = append(args, a.inputBack, a.outputBack)
+	args = append(args, splitHeaderArgs(a.rl, time.Now())...)
 	res, err := p.sc.settle.Run(ctx, p.rdb, keys, args...).Slice()
 	if err != nil {
 		return settleResult{}, fmt.Errorf("keypool: %s key %s: %w", op, l.KeyID, err)
@@ -291,6 +313,32 @@ func headerArgs(rl llm.RateLimit, now time.Time) []any {
 	}
 	return append(one(rl.RequestsLimit, rl.RequestsRemaining, rl.RequestsReset),
 		one(rl.TokensLimit, rl.TokensRemaining, rl.TokensReset)...)
+}
+
+// combinedRateLimit is what of rl corrects k's one token bucket. On a key
+// with both ITPM and OTPM the tokens-* headers are left out: Anthropic's
+// tokens-* report the most restrictive of its input and output limits (or
+// their sum), each of which k already meters in its own bucket from its
+// own headers, and an output limit of 16,000 taken for the key's
+// combined limit would pace its input tokens to it too.
+func combinedRateLimit(k Key, rl llm.RateLimit) llm.RateLimit {
+	if k.ITPM > 0 && k.OTPM > 0 && (splitKnown(rl.InputTokensLimit, rl.InputTokensRemaining, rl.InputTokensReset) ||
+		splitKnown(rl.OutputTokensLimit, rl.OutputTokensRemaining, rl.OutputTokensReset)) {
+		rl.TokensLimit, rl.TokensRemaining, rl.TokensReset = 0, 0, time.Time{}
+	}
+	return rl
+}
+
+func splitKnown(limit, rem int, reset time.Time) bool { return limit > 0 || rem > 0 || !reset.IsZero() }
+
+// splitHeaderArgs is headerArgs for the input and output token headers
+// (settleLua ARGV[18..23]).
+func splitHeaderArgs(rl llm.RateLimit, now time.Time) []any {
+	in := llm.RateLimit{Known: rl.Known, TokensLimit: rl.InputTokensLimit, TokensRemaining: rl.InputTokensRemaining,
+		TokensReset: rl.InputTokensReset}
+	out := llm.RateLimit{Known: rl.Known, TokensLimit: rl.OutputTokensLimit, TokensRemaining: rl.OutputTokensRemaining,
+		TokensReset: rl.OutputTokensReset}
+	return append(headerArgs(in, now)[3:], headerArgs(out, now)[3:]...)
 }
 
 // Disable takes a key out of the pool, in every process, until Enable.

@@ -17,6 +17,10 @@ type KeyState struct {
 	RPM         int          `json:"rpm_limit"`
 	TPM         int          `json:"tpm_limit"`
 	MaxInFlight int          `json:"max_in_flight,omitempty"`
+	// ITPM and OTPM are the key's input and output tokens-per-minute
+	// limits (Anthropic); 0 when it has none.
+	ITPM int `json:"itpm_limit,omitempty"`
+	OTPM int `json:"otpm_limit,omitempty"`
 	// RequestsAvailable and TokensAvailable are the bucket levels now (a
 	// negative value is a debt still to refill, e.g. calls reserved ahead).
 	RequestsAvailable float64 `json:"requests_available"`
@@ -25,6 +29,13 @@ type KeyState struct {
 	// full: the burst window's share of the effective limits.
 	RequestsCapacity float64 `json:"requests_capacity"`
 	TokensCapacity   float64 `json:"tokens_capacity"`
+	// InputTokensAvailable, OutputTokensAvailable and their capacities are
+	// the ITPM and OTPM buckets, like the token bucket's; 0 for a key
+	// without that limit.
+	InputTokensAvailable  float64 `json:"input_tokens_available,omitempty"`
+	OutputTokensAvailable float64 `json:"output_tokens_available,omitempty"`
+	InputTokensCapacity   float64 `json:"input_tokens_capacity,omitempty"`
+	OutputTokensCapacity  float64 `json:"output_tokens_capacity,omitempty"`
 	// EffectiveRPM and EffectiveTPM are the rates the pool paces the key
 	// to: the configured limits, lowered to what the provider's headers
 	// reported, times the pace and the 429 back-off factor.
@@ -114,14 +125,15 @@ func parseKeyState(k Key, row any, nowUS int64) (KeyState, error) {
 	s := KeyState{ID: k.ID, Provider: k.Provider, Tier: k.Tier}
 	if len(v) == 0 {
 		// Not registered: report the configured limits, nothing else known.
-		s.RPM, s.TPM, s.MaxInFlight = k.RPM, k.TPM, k.MaxInFlight
+		s.RPM, s.TPM, s.ITPM, s.OTPM, s.MaxInFlight = k.RPM, k.TPM, k.ITPM, k.OTPM, k.MaxInFlight
 		return s, nil
 	}
-	if len(v) != 13 {
-		return KeyState{}, fmt.Errorf("row has %d fields, want 13", len(v))
+	const fields = 19
+	if len(v) != fields {
+		return KeyState{}, fmt.Errorf("row has %d fields, want %d", len(v), fields)
 	}
-	var f [13]float64
-	for j := range 13 {
+	var f [fields]float64
+	for j := range fields {
 		str, ok := v[j].(string)
 		if !ok {
 			return KeyState{}, fmt.Errorf("field %d is %T, want string", j, v[j])
@@ -148,6 +160,9 @@ func parseKeyState(k Key, row any, nowUS int64) (KeyState, error) {
 		s.CoolingUntil = timeFromUS(cu)
 	}
 	s.InFlight = int(f[12])
+	s.ITPM, s.OTPM = int(f[13]), int(f[14])
+	s.InputTokensAvailable, s.OutputTokensAvailable = f[15], f[16]
+	s.InputTokensCapacity, s.OutputTokensCapacity = f[17], f[18]
 	return s, nil
 }
 

@@ -203,6 +203,15 @@ type RateLimit struct {
 	TokensLimit       int       `json:"tokens_limit,omitempty"`
 	TokensRemaining   int       `json:"tokens_remaining,omitempty"`
 	TokensReset       time.Time `json:"tokens_reset,omitzero"`
+	// InputTokens... and OutputTokens... are Anthropic's separate input and
+	// output tokens-per-minute limits (anthropic-ratelimit-input-tokens-*
+	// and -output-tokens-*); providers with one token limit leave them zero.
+	InputTokensLimit      int       `json:"input_tokens_limit,omitempty"`
+	InputTokensRemaining  int       `json:"input_tokens_remaining,omitempty"`
+	InputTokensReset      time.Time `json:"input_tokens_reset,omitzero"`
+	OutputTokensLimit     int       `json:"output_tokens_limit,omitempty"`
+	OutputTokensRemaining int       `json:"output_tokens_remaining,omitempty"`
+	OutputTokensReset     time.Time `json:"output_tokens_reset,omitzero"`
 	// Known reports whether any header was present at all.
 	Known bool `json:"known,omitempty"`
 }

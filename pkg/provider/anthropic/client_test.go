@@ -55,7 +55,12 @@ func TestConformance(t *testing.T) {
 				RequestsLimit: 50, RequestsRemaining: 49, RequestsReset: time.Date(2026, 5, 1, 12, 0, 1, 0, time.UTC),
 				// input-tokens is tighter than tokens here, so it wins.
 				TokensLimit: 40000, TokensRemaining: 5000, TokensReset: time.Date(2026, 5, 1, 12, 0, 3, 5e8, time.UTC),
-				Known: true,
+				// The input and output triples are also kept apart, for a
+				// key with ITPM and OTPM buckets.
+				InputTokensLimit: 40000, InputTokensRemaining: 5000,
+				InputTokensReset:  time.Date(2026, 5, 1, 12, 0, 3, 5e8, time.UTC),
+				OutputTokensLimit: 8000,
+				Known:             true,
 			},
 		},
 		ErrorRateLimit: providertest.RateLimitCase{
@@ -118,6 +123,63 @@ var errorCases = []providertest.ErrorCase{
 		Class: llm.ClassTransient, Message: "502 Bad Gateway"},
 	{Name: "retry-after clamped to 10 min", Status: 429, File: "rate_limit.json", Header: map[string]string{"retry-after": "86400"},
 		Class: llm.ClassRateLimited, Code: "rate_limit_error", RetryAfter: provider.MaxRetryAfter},
+}
+
+// TestParseRateLimitInputOutput: the input-tokens-* and output-tokens-*
+// triples land in their own fields, whatever tokens-* says, so the key
+// pool can lower a key's ITPM and OTPM buckets apart; a malformed value
+// leaves only its own field zero.
+func TestParseRateLimitInputOutput(t *testing.T) {
+	t.Parallel()
+	at := func(sec int) time.Time { return time.Date(2026, 5, 1, 12, 0, sec, 0, time.UTC) }
+	tests := []struct {
+		name   string
+		header map[string]string
+		want   llm.RateLimit
+	}{
+		{"all three token triples", map[string]string{
+			"anthropic-ratelimit-tokens-limit":            "96000",
+			"anthropic-ratelimit-tokens-remaining":        "90000",
+			"anthropic-ratelimit-tokens-reset":            "2026-05-01T12:00:01Z",
+			"anthropic-ratelimit-input-tokens-limit":      "80000",
+			"anthropic-ratelimit-input-tokens-remaining":  "79000",
+			"anthropic-ratelimit-input-tokens-reset":      "2026-05-01T12:00:02Z",
+			"anthropic-ratelimit-output-tokens-limit":     "16000",
+			"anthropic-ratelimit-output-tokens-remaining": "11000",
+			"anthropic-ratelimit-output-tokens-reset":     "2026-05-01T12:00:20Z",
+		}, llm.RateLimit{
+			// input-tokens has fewer remaining than tokens: the combined
+			// fields keep their old reading.
+			TokensLimit: 80000, TokensRemaining: 79000, TokensReset: at(2),
+			InputTokensLimit: 80000, InputTokensRemaining: 79000, InputTokensReset: at(2),
+			OutputTokensLimit: 16000, OutputTokensRemaining: 11000, OutputTokensReset: at(20),
+			Known: true,
+		}},
+		{"output alone", map[string]string{
+			"anthropic-ratelimit-output-tokens-limit":     "16000",
+			"anthropic-ratelimit-output-tokens-remaining": "0",
+			"anthropic-ratelimit-output-tokens-reset":     "2026-05-01T12:00:30Z",
+		}, llm.RateLimit{OutputTokensLimit: 16000, OutputTokensReset: at(30), Known: true}},
+		{"malformed output values", map[string]string{
+			"anthropic-ratelimit-input-tokens-limit":      "80000",
+			"anthropic-ratelimit-output-tokens-limit":     "-1",
+			"anthropic-ratelimit-output-tokens-remaining": "lots",
+			"anthropic-ratelimit-output-tokens-reset":     "soon",
+		}, llm.RateLimit{TokensLimit: 80000, InputTokensLimit: 80000, Known: true}},
+		{"none", map[string]string{"content-type": "application/json"}, llm.RateLimit{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			h := http.Header{}
+			for k, v := range tt.header {
+				h.Set(k, v)
+			}
+			if got := ParseRateLimit(h); got != tt.want {
+				t.Errorf("ParseRateLimit =\n%+v\nwant\n%+v", got, tt.want)
+			}
+		})
+	}
 }
 
 // TestClassifyTable: Anthropic's error types and codes are read before the

@@ -155,20 +155,30 @@ func readBucket(h http.Header, name string) bucket {
 // anthropic-ratelimit-requests-{limit,remaining,reset} and, for tokens, the
 // tighter (fewer remaining) of anthropic-ratelimit-tokens-* (the most
 // restrictive token limit in force) and anthropic-ratelimit-input-tokens-*;
-// either alone is used when only it is present. Resets are RFC 3339
-// timestamps. Missing, negative or malformed values leave their field zero;
-// Known is true when any of these headers parsed.
+// either alone is used when only it is present. The input-tokens-* and
+// output-tokens-* triples also go, as they are, to the Input... and
+// Output... fields: the key pool keeps a bucket for each when a key sets
+// its ITPM and OTPM. Resets are RFC 3339 timestamps. Missing, negative or
+// malformed values leave their field zero; Known is true when any of these
+// headers parsed.
 func ParseRateLimit(h http.Header) llm.RateLimit {
 	req := readBucket(h, "requests")
-	tok := tighter(readBucket(h, "tokens"), readBucket(h, "input-tokens"))
+	in, out := readBucket(h, "input-tokens"), readBucket(h, "output-tokens")
+	tok := tighter(readBucket(h, "tokens"), in)
 	return llm.RateLimit{
-		RequestsLimit:     req.limit,
-		RequestsRemaining: req.remaining,
-		RequestsReset:     req.reset,
-		TokensLimit:       tok.limit,
-		TokensRemaining:   tok.remaining,
-		TokensReset:       tok.reset,
-		Known:             req.known() || tok.known(),
+		RequestsLimit:         req.limit,
+		RequestsRemaining:     req.remaining,
+		RequestsReset:         req.reset,
+		TokensLimit:           tok.limit,
+		TokensRemaining:       tok.remaining,
+		TokensReset:           tok.reset,
+		InputTokensLimit:      in.limit,
+		InputTokensRemaining:  in.remaining,
+		InputTokensReset:      in.reset,
+		OutputTokensLimit:     out.limit,
+		OutputTokensRemaining: out.remaining,
+		OutputTokensReset:     out.reset,
+		Known:                 req.known() || tok.known() || out.known(),
 	}
 }
 
