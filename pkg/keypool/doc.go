@@ -186,13 +186,16 @@
 // horizon, plus one refill of the route (the keys' summed rate) per
 // waiter between it and that moment, or sooner when a cooling key frees.
 // Grants made in line are also spaced: on a saturated route (more
-// waiters in line than keys that may serve, now or in the last 2 s) they
-// are spread one route interval apart (one minute over the summed request
+// waiters in line than keys that may serve, or less than one request
+// ready per key, now or in the last 2 s) they are spread one route
+// interval apart (one minute over the summed request
 // rate of the keys that may serve), from the route's last grant. Keys
 // drained together (a storm's first burst) otherwise refill together and
 // serve in bursts a whole key interval apart: four 120-RPM keys serve 4
 // at once, then nothing for half a second, and a CRITICAL request that
-// arrives in between waits for the next burst. A key that holds a request
+// arrives in between waits for the next burst. The second sign of
+// saturation catches a storm's start, whose asks each find the line
+// short. A key that holds a request
 // beyond this one (burst room), or would overflow within the interval, is
 // not held back, so spacing never costs the keys' capacity; and a route
 // the keys keep up with is not spaced at all, since there the interval

@@ -288,21 +288,27 @@ end
 -- 0.5 s: the wait of a CRITICAL request arriving in between). A key whose
 -- bucket holds a request beyond this one (burst room), or would overflow
 -- within S, is not held back: spacing never wastes capacity.
--- It applies to a saturated route only: more waiters in line than
--- keys that may serve, now or within the last SATURATED µs (a line that
--- dips for a moment after a burst must not let the keys realign). A route
+-- It applies to a saturated route only, now or within the last
+-- SATURATED µs (a line that dips for a moment after a burst must not let
+-- the keys realign): more waiters in line than keys that may serve, or
+-- keys that have spent their burst room (less than one request ready per
+-- key). The second catches a burst's start, whose asks each find the line
+-- short: granted at once, they would drain every key within a few ms and
+-- leave none for a CRITICAL request for a whole key interval. A route
 -- the keys keep up with (the slots, or the calls' length, bind) grants at
 -- once: there spacing would only add its interval to requests that hold a
 -- slot (S1-slow: goodput 0.97 -> 0.95).
 local SATURATED = 2000000
-local serving = 0
-for _, k in ipairs(ks) do if k.hard == 0 then serving = serving + 1 end end
+local serving, ready = 0, 0
+for _, k in ipairs(ks) do
+  if k.hard == 0 then serving, ready = serving + 1, ready + k.s.rl end
+end
 local S, spaceAt, lg = 0, 0, 0
 if who ~= '' and rate > 0 then
   local pv = redis.call('HMGET', paceKey, 'lg', 'sat')
   lg = tonumber(pv[1] or '0')
   local sat = tonumber(pv[2] or '0')
-  if waiting > serving then
+  if waiting > serving or ready < serving then
     redis.call('HSET', paceKey, 'sat', fmt17(now + SATURATED))
     redis.call('PEXPIRE', paceKey, 60000)
     sat = now + SATURATED
