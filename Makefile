@@ -33,13 +33,14 @@ profile:
 	go tool pprof -top -cum -nodecount 60 .data/profile/service.test .data/profile/block.out | grep -E 'Duration|bulwark/pkg' | head -20
 
 # The storm benchmark alone (docs/performance.md): api, two workers and the
-# mock provider as OS processes, eight scenarios (the last two the
-# closed-loop fleet, F1-fleet-async and F1-fleet-compat), about 6.5
-# minutes; exits 1 when a target is missed. STORM_ARGS passes flags (e.g.
-# -scenarios F1-fleet-async or -scenarios S1 -n 120). The -timeout is a
-# backstop above the scenarios' 8-minute budget plus the build.
+# mock provider as OS processes, nine scenarios (then the closed-loop
+# fleet, F1-fleet-async and F1-fleet-compat, and the token-bound S4-tpm),
+# about 7.5 minutes; exits 1 when a target is missed. STORM_ARGS passes
+# flags (e.g. -scenarios F1-fleet-async or -scenarios S1 -n 120). The
+# -timeout is a backstop above the scenarios' 9.5-minute budget plus the
+# build.
 storm:
-	BULWARK_STORM=1 BULWARK_STORM_ARGS="$(STORM_ARGS)" BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -count=1 -run '^TestStormBench$$' -v -timeout 11m ./pkg/storm
+	BULWARK_STORM=1 BULWARK_STORM_ARGS="$(STORM_ARGS)" BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -count=1 -run '^TestStormBench$$' -v -timeout 12m ./pkg/storm
 
 # The scale bench (docs/performance.md): three api processes and 1, 2, 4,
 # 8 workers on one pool, one system per step, one line per step; about

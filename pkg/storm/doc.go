@@ -163,7 +163,7 @@
 //
 // # Running it
 //
-//	go run ./scripts/storm [-scenarios S1,S1-slow,S1-slow-async,S2,S1-fallback,S3-mixed,F1-fleet-async,F1-fleet-compat] [-n 400] [-clients 50]
+//	go run ./scripts/storm [-scenarios S1,S1-slow,S1-slow-async,S2,S1-fallback,S3-mixed,F1-fleet-async,F1-fleet-compat,S4-tpm] [-n 400] [-clients 50]
 //
 // needs the test PostgreSQL server (`make bench` starts it through
 // scripts/test.sh and runs TestStormBench, which is the same code path).

@@ -3,7 +3,6 @@ package storm
 import (
 	"cmp"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -201,11 +200,7 @@ func AutoLimit(n int) time.Duration {
 }
 
 // ScenarioNames lists the scenarios in the order the command runs them.
-var ScenarioNames = []string{"S1", "S1-slow", "S1-slow-async", "S2", "S1-fallback", "S3-mixed", "F1-fleet-async", "F1-fleet-compat"}
-
-// ExtraScenarios can be named with -scenarios but are not run by default
-// (the default run already fills its time budget).
-var ExtraScenarios = []string{TPMScenario}
+var ScenarioNames = []string{"S1", "S1-slow", "S1-slow-async", "S2", "S1-fallback", "S3-mixed", "F1-fleet-async", "F1-fleet-compat", TPMScenario}
 
 // TPMScenario is the token-bound storm (issue 25): 4 OpenAI keys of
 // TPMKeyTPM tokens per minute, every request asking max_tokens
@@ -287,7 +282,7 @@ func NewScenario(name string, n, clients int, limit time.Duration) (Scenario, er
 		}
 	default:
 		return Scenario{}, fmt.Errorf("storm: unknown scenario %q (want one of %s)", name,
-			strings.Join(append(slices.Clone(ScenarioNames), ExtraScenarios...), ", "))
+			strings.Join(ScenarioNames, ", "))
 	}
 	return s, nil
 }
