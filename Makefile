@@ -13,6 +13,7 @@ build:
 # Benchmarks against real Redis/PostgreSQL, without the race detector (see
 # docs/performance.md). BULWARK_BENCH_LARGE=1 adds the 100k-row cases.
 bench:
+	@scripts/stamp.sh
 	BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -run '^$$' -bench . -benchtime 2s -count 3 ./pkg/keypool
 	BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -run '^$$' -bench . -benchtime 1000x -count 3 ./pkg/cache
 	BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -run '^$$' -bench CacheThroughAPI -benchtime 400x -count 3 ./pkg/service
@@ -40,6 +41,7 @@ profile:
 # -timeout is a backstop above the scenarios' 9.5-minute budget plus the
 # build.
 storm:
+	@scripts/stamp.sh
 	BULWARK_STORM=1 BULWARK_STORM_ARGS="$(STORM_ARGS)" BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -count=1 -run '^TestStormBench$$' -v -timeout 12m ./pkg/storm
 
 # The scale bench (docs/performance.md): three api processes and 1, 2, 4,
@@ -48,6 +50,7 @@ storm:
 # up to the keys' capacity, or a key or the global limit is exceeded.
 # SCALE_ARGS passes flags (e.g. -workers 1,2 -seconds 8s).
 scale:
+	@scripts/stamp.sh
 	BULWARK_SCALE=1 BULWARK_SCALE_ARGS="$(SCALE_ARGS)" BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -count=1 -run '^TestScaleBench$$' -v -timeout 6m ./pkg/storm
 
 # The fault matrix on real processes (docs/operations.md): a worker
@@ -57,6 +60,7 @@ scale:
 # failovers (coordinated and a killed master) and, in pkg/service, each
 # master of a Redis Cluster killed in turn under traffic. About 6 minutes.
 faults:
+	@scripts/stamp.sh
 	BULWARK_FAULTS=1 BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -count=1 -run '^TestFault' -v -timeout 20m ./pkg/storm ./pkg/service
 
 # Fuzzing: each target below in turn for FUZZTIME (default 60s), against
