@@ -42,7 +42,7 @@ profile:
 # build.
 storm:
 	@scripts/stamp.sh
-	BULWARK_STORM=1 BULWARK_STORM_ARGS="$(STORM_ARGS)" BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -count=1 -run '^TestStormBench$$' -v -timeout 12m ./pkg/storm
+	BULWARK_STORM=1 BULWARK_STORM_ARGS="$(STORM_ARGS)" BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -count=1 -run '^TestStormBench$$' -v -timeout 12m ./pkg/testkit/storm
 
 # The scale bench (docs/performance.md): three api processes and 1, 2, 4,
 # 8 workers on one pool, one system per step, one line per step; about
@@ -51,7 +51,7 @@ storm:
 # SCALE_ARGS passes flags (e.g. -workers 1,2 -seconds 8s).
 scale:
 	@scripts/stamp.sh
-	BULWARK_SCALE=1 BULWARK_SCALE_ARGS="$(SCALE_ARGS)" BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -count=1 -run '^TestScaleBench$$' -v -timeout 6m ./pkg/storm
+	BULWARK_SCALE=1 BULWARK_SCALE_ARGS="$(SCALE_ARGS)" BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -count=1 -run '^TestScaleBench$$' -v -timeout 6m ./pkg/testkit/storm
 
 # The fault matrix on real processes (docs/operations.md): a worker
 # SIGKILLed 10 times mid-storm, Redis restarted mid-storm, PostgreSQL down at
@@ -61,7 +61,7 @@ scale:
 # master of a Redis Cluster killed in turn under traffic. About 6 minutes.
 faults:
 	@scripts/stamp.sh
-	BULWARK_FAULTS=1 BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -count=1 -run '^TestFault' -v -timeout 20m ./pkg/storm ./pkg/service
+	BULWARK_FAULTS=1 BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -count=1 -run '^TestFault' -v -timeout 20m ./pkg/testkit/storm ./pkg/service
 
 # Fuzzing: each target below in turn for FUZZTIME (default 60s), against
 # the Redis and PostgreSQL of scripts/test.sh (the pkg/service targets run

@@ -23,7 +23,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"bulwark/pkg/secret"
-	"bulwark/pkg/testenv"
+	"bulwark/pkg/testkit/testenv"
 )
 
 // request is one request a receiver got.

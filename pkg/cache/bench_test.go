@@ -20,7 +20,7 @@ import (
 
 	"bulwark/pkg/embed"
 	"bulwark/pkg/job"
-	"bulwark/pkg/testenv"
+	"bulwark/pkg/testkit/testenv"
 )
 
 // Benchmark data: benchScopes scopes of equal size, one row in ten

@@ -23,7 +23,7 @@ import (
 
 	"bulwark/pkg/embed"
 	"bulwark/pkg/job"
-	"bulwark/pkg/testenv"
+	"bulwark/pkg/testkit/testenv"
 )
 
 func TestMain(m *testing.M) {

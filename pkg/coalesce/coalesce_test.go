@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"bulwark/pkg/coalesce"
-	"bulwark/pkg/testenv"
+	"bulwark/pkg/testkit/testenv"
 )
 
 func TestClaimNamesTheFirstLeader(t *testing.T) {

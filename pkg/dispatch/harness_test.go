@@ -17,7 +17,7 @@ import (
 	"bulwark/pkg/priority"
 	"bulwark/pkg/queue"
 	"bulwark/pkg/slots"
-	"bulwark/pkg/testenv"
+	"bulwark/pkg/testkit/testenv"
 )
 
 // harness is a dispatcher wired to the fakes.

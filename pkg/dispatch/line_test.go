@@ -19,7 +19,7 @@ import (
 	"bulwark/pkg/priority"
 	"bulwark/pkg/secret"
 	"bulwark/pkg/slots"
-	"bulwark/pkg/testenv"
+	"bulwark/pkg/testkit/testenv"
 )
 
 // orderClient answers at once and records which request called, in

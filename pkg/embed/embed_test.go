@@ -17,10 +17,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"bulwark/pkg/llm"
-	"bulwark/pkg/mockprovider"
 	"bulwark/pkg/provider"
 	"bulwark/pkg/provider/openai"
 	"bulwark/pkg/secret"
+	"bulwark/pkg/testkit/mockprovider"
 )
 
 func cosine(a, b []float32) float64 {

@@ -13,7 +13,7 @@ import (
 	"bulwark/pkg/job"
 	"bulwark/pkg/llm"
 	"bulwark/pkg/priority"
-	"bulwark/pkg/testenv"
+	"bulwark/pkg/testkit/testenv"
 )
 
 // Prune deletes the rows created before the cut, in batches, and keeps the

@@ -12,7 +12,7 @@ import (
 
 	"bulwark/pkg/history"
 	"bulwark/pkg/job"
-	"bulwark/pkg/testenv"
+	"bulwark/pkg/testkit/testenv"
 )
 
 // With the writer running, submissions and outcomes written from many

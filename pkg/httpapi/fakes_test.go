@@ -38,7 +38,7 @@ import (
 	"bulwark/pkg/progress"
 	"bulwark/pkg/queue"
 	"bulwark/pkg/secret"
-	"bulwark/pkg/testenv"
+	"bulwark/pkg/testkit/testenv"
 )
 
 func init() { gin.SetMode(gin.TestMode) }

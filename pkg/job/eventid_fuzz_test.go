@@ -11,7 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"bulwark/pkg/job"
-	"bulwark/pkg/testenv"
+	"bulwark/pkg/testkit/testenv"
 )
 
 // eventIDShape is the shape of a Redis stream id as the SSE stream sends

@@ -14,7 +14,7 @@ import (
 	"bulwark/pkg/job"
 	"bulwark/pkg/llm"
 	"bulwark/pkg/priority"
-	"bulwark/pkg/testenv"
+	"bulwark/pkg/testkit/testenv"
 )
 
 func newJob(id string) *job.Job {

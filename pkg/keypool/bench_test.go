@@ -12,7 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"bulwark/pkg/llm"
-	"bulwark/pkg/testenv"
+	"bulwark/pkg/testkit/testenv"
 )
 
 // BenchmarkAcquireSuccess measures one Acquire plus its Success (two script

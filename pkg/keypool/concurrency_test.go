@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"bulwark/pkg/llm"
-	"bulwark/pkg/testenv"
+	"bulwark/pkg/testkit/testenv"
 )
 
 // call is one provider call a hammering worker made: on key, at Redis

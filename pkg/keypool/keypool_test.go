@@ -17,7 +17,7 @@ import (
 
 	"bulwark/pkg/llm"
 	"bulwark/pkg/secret"
-	"bulwark/pkg/testenv"
+	"bulwark/pkg/testkit/testenv"
 )
 
 func TestMain(m *testing.M) {

@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"bulwark/pkg/llm"
-	"bulwark/pkg/testenv"
+	"bulwark/pkg/testkit/testenv"
 )
 
 // Tests of Anthropic's separate input and output token limits (Key.ITPM,

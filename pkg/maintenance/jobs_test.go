@@ -18,7 +18,7 @@ import (
 	"bulwark/pkg/breaker"
 	"bulwark/pkg/config"
 	"bulwark/pkg/llm"
-	"bulwark/pkg/testenv"
+	"bulwark/pkg/testkit/testenv"
 )
 
 type fakePruner struct {

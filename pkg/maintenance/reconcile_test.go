@@ -18,7 +18,7 @@ import (
 	"bulwark/pkg/job"
 	"bulwark/pkg/llm"
 	"bulwark/pkg/priority"
-	"bulwark/pkg/testenv"
+	"bulwark/pkg/testkit/testenv"
 )
 
 // reconcileFixture is the reconcile job over real Redis and PostgreSQL:

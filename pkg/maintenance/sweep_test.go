@@ -17,7 +17,7 @@ import (
 	"bulwark/pkg/job"
 	"bulwark/pkg/llm"
 	"bulwark/pkg/priority"
-	"bulwark/pkg/testenv"
+	"bulwark/pkg/testkit/testenv"
 )
 
 // fakeJobs is the live store in memory (LiveJobs and JobStore).

@@ -18,7 +18,7 @@ import (
 
 	"bulwark/pkg/job"
 	"bulwark/pkg/queue"
-	"bulwark/pkg/testenv"
+	"bulwark/pkg/testkit/testenv"
 )
 
 // fakePositioner serves positions from a map and counts its reads.

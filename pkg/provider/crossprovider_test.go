@@ -9,8 +9,8 @@ import (
 
 	"bulwark/pkg/llm"
 	"bulwark/pkg/provider/anthropic"
-	"bulwark/pkg/provider/internal/wiretest"
 	"bulwark/pkg/provider/openai"
+	"bulwark/pkg/testkit/wiretest"
 )
 
 // codec is one provider's request and response translation.

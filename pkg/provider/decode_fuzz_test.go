@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"bulwark/pkg/llm"
-	"bulwark/pkg/provider/internal/wiretest"
+	"bulwark/pkg/testkit/wiretest"
 )
 
 // FuzzDecodeOpenAIRequest fuzzes the body decoder of the OpenAI-compatible

@@ -14,7 +14,7 @@ import (
 	"unicode/utf8"
 
 	"bulwark/pkg/llm"
-	"bulwark/pkg/provider/internal/wiretest"
+	"bulwark/pkg/testkit/wiretest"
 )
 
 func TestPost(t *testing.T) {

@@ -10,7 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"bulwark/pkg/priority"
-	"bulwark/pkg/testenv"
+	"bulwark/pkg/testkit/testenv"
 )
 
 // Far below the limit a fresh read admits without another; the estimate

@@ -9,7 +9,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"bulwark/pkg/priority"
-	"bulwark/pkg/testenv"
+	"bulwark/pkg/testkit/testenv"
 )
 
 // TestAsynqKeyLayout checks the keys Bulwark reads asynq's queues under

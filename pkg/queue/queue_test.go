@@ -12,7 +12,7 @@ import (
 	"bulwark/pkg/priority"
 	"bulwark/pkg/queue"
 	"bulwark/pkg/slots"
-	"bulwark/pkg/testenv"
+	"bulwark/pkg/testkit/testenv"
 )
 
 func TestETAFor(t *testing.T) {

@@ -10,7 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"bulwark/pkg/redisconn"
-	"bulwark/pkg/testenv"
+	"bulwark/pkg/testkit/testenv"
 )
 
 // Each mode gets its client and asynq option.

@@ -26,7 +26,7 @@ import (
 
 	"bulwark/pkg/alert"
 	"bulwark/pkg/secret"
-	"bulwark/pkg/testenv"
+	"bulwark/pkg/testkit/testenv"
 )
 
 // received is one message the sink accepted.

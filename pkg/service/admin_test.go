@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"bulwark/pkg/breaker"
-	"bulwark/pkg/mockprovider"
+	"bulwark/pkg/testkit/mockprovider"
 )
 
 // mockKeyValues are the api_key values of defaultKeys.

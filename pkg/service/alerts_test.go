@@ -17,8 +17,8 @@ import (
 	"bulwark/pkg/alert"
 	"bulwark/pkg/config"
 	"bulwark/pkg/maintenance"
-	"bulwark/pkg/mockprovider"
 	"bulwark/pkg/secret"
+	"bulwark/pkg/testkit/mockprovider"
 )
 
 // hookReceiver is a generic alert webhook: it records every payload.

@@ -19,7 +19,7 @@ import (
 	"bulwark/pkg/cache"
 	"bulwark/pkg/job"
 	"bulwark/pkg/llm"
-	"bulwark/pkg/mockprovider"
+	"bulwark/pkg/testkit/mockprovider"
 )
 
 // BenchmarkCacheThroughAPI measures cache hits end to end — HTTP, auth,

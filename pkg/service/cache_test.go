@@ -14,9 +14,9 @@ import (
 
 	"bulwark/pkg/config"
 	"bulwark/pkg/job"
-	"bulwark/pkg/mockprovider"
 	"bulwark/pkg/secret"
-	"bulwark/pkg/testenv"
+	"bulwark/pkg/testkit/mockprovider"
+	"bulwark/pkg/testkit/testenv"
 )
 
 // 50 identical requests arrive at once on two API processes: one provider

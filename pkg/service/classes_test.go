@@ -11,7 +11,7 @@ import (
 
 	"bulwark/pkg/alert"
 	"bulwark/pkg/llm"
-	"bulwark/pkg/mockprovider"
+	"bulwark/pkg/testkit/mockprovider"
 )
 
 // How the worker handles each class of provider error, end to end: API

@@ -22,11 +22,11 @@ import (
 	"bulwark/pkg/keypool"
 	"bulwark/pkg/llm"
 	"bulwark/pkg/maintenance"
-	"bulwark/pkg/mockprovider"
 	"bulwark/pkg/priority"
 	"bulwark/pkg/service"
 	"bulwark/pkg/slots"
-	"bulwark/pkg/testenv"
+	"bulwark/pkg/testkit/mockprovider"
+	"bulwark/pkg/testkit/testenv"
 )
 
 // TestRedisCluster runs Bulwark on a three-master Redis Cluster (redis.mode

@@ -15,7 +15,7 @@ import (
 	ooption "github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/shared"
 
-	"bulwark/pkg/mockprovider"
+	"bulwark/pkg/testkit/mockprovider"
 )
 
 func openAIAt(api *apiProc, token string) openai.Client {

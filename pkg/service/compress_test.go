@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"bulwark/pkg/compress"
-	"bulwark/pkg/mockprovider"
+	"bulwark/pkg/testkit/mockprovider"
 )
 
 // With compression on, the provider sees the compressed prompt (the mock's

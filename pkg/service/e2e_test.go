@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"bulwark/pkg/mockprovider"
 	"bulwark/pkg/priority"
 	"bulwark/pkg/queue"
+	"bulwark/pkg/testkit/mockprovider"
 )
 
 func TestSubmitStreamCompleted(t *testing.T) {

@@ -20,9 +20,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"bulwark/pkg/config"
-	"bulwark/pkg/mockprovider"
 	"bulwark/pkg/service"
-	"bulwark/pkg/testenv"
+	"bulwark/pkg/testkit/mockprovider"
+	"bulwark/pkg/testkit/testenv"
 )
 
 const (

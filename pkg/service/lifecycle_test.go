@@ -9,10 +9,10 @@ import (
 	"github.com/hibiken/asynq"
 
 	"bulwark/pkg/maintenance"
-	"bulwark/pkg/mockprovider"
 	"bulwark/pkg/priority"
 	"bulwark/pkg/queue"
 	"bulwark/pkg/service"
+	"bulwark/pkg/testkit/mockprovider"
 )
 
 // An API that dies between storing a request and enqueueing it (the

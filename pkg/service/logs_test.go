@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"bulwark/pkg/mockprovider"
 	"bulwark/pkg/priority"
 	"bulwark/pkg/queue"
+	"bulwark/pkg/testkit/mockprovider"
 )
 
 // logLines parses every line of the system's log; a line that is not a

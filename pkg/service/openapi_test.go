@@ -18,9 +18,9 @@ import (
 	"time"
 
 	"bulwark/pkg/httpapi"
-	"bulwark/pkg/mockprovider"
 	"bulwark/pkg/priority"
 	"bulwark/pkg/queue"
+	"bulwark/pkg/testkit/mockprovider"
 )
 
 // Every operation openapi.json describes is called on a real Bulwark (real

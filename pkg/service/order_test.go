@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"bulwark/pkg/config"
-	"bulwark/pkg/mockprovider"
+	"bulwark/pkg/testkit/mockprovider"
 )
 
 // Requests of one priority start in the order they were accepted, through

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"bulwark/pkg/mockprovider"
+	"bulwark/pkg/testkit/mockprovider"
 )
 
 // submitMany submits n distinct prompts concurrently and returns their ids.
@@ -87,7 +87,7 @@ keys:
 	// Under the race detector on a shared two-core machine a call is
 	// sometimes delayed past the pace margin between the pool's grant and
 	// the provider's arrival; a handful of 429s is that, not over-pacing
-	// (which the real-process storm, pkg/storm, measures at 0).
+	// (which the real-process storm, pkg/testkit/storm, measures at 0).
 	if float64(st.RateLimited) > 0.15*float64(st.Requests) {
 		t.Errorf("the provider answered %d over-subscription 429s (of %d requests)", st.RateLimited, st.Requests)
 	}

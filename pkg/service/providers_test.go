@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"bulwark/pkg/mockprovider"
+	"bulwark/pkg/testkit/mockprovider"
 )
 
 // A fallback chain longer than one hop, across wire formats: claude/sonnet

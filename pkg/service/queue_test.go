@@ -12,9 +12,9 @@ import (
 	"github.com/hibiken/asynq"
 
 	"bulwark/pkg/maintenance"
-	"bulwark/pkg/mockprovider"
 	"bulwark/pkg/priority"
 	"bulwark/pkg/queue"
+	"bulwark/pkg/testkit/mockprovider"
 )
 
 // stopAfter wraps the worker's handler: after n provider-call tasks it

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"bulwark/pkg/mockprovider"
+	"bulwark/pkg/testkit/mockprovider"
 )
 
 // providerSaid is a provider error message carrying what must not reach a

@@ -13,7 +13,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	ooption "github.com/openai/openai-go/v3/option"
 
-	"bulwark/pkg/mockprovider"
+	"bulwark/pkg/testkit/mockprovider"
 )
 
 // attempts records what each HTTP attempt of an SDK call got back: an SDK

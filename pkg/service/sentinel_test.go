@@ -12,9 +12,9 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"bulwark/pkg/mockprovider"
-	"bulwark/pkg/redisha"
-	"bulwark/pkg/testenv"
+	"bulwark/pkg/testkit/mockprovider"
+	"bulwark/pkg/testkit/redisha"
+	"bulwark/pkg/testkit/testenv"
 )
 
 // TestRedisSentinelAcceptedOnReplica runs Bulwark through Redis Sentinel

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"bulwark/pkg/mockprovider"
+	"bulwark/pkg/testkit/mockprovider"
 )
 
 // The storm: four keys (two per provider) that the mock meters over 1 s
@@ -56,7 +56,7 @@ keys:
 	// this in-process test allows 20 % (seen: 2-15 % with the whole suite
 	// and other load on the machine; each 429 cools its key and slows it,
 	// and must never open a breaker, which is checked below). The
-	// real-process storm (pkg/storm, TestShortStorm) holds the 2 % line.
+	// real-process storm (pkg/testkit/storm, TestShortStorm) holds the 2 % line.
 	if float64(st.RateLimited) > 0.20*float64(st.Requests) {
 		t.Fatalf("provider-side 429s %d of %d calls (> 20%%)", st.RateLimited, st.Requests)
 	}

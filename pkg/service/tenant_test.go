@@ -13,9 +13,9 @@ import (
 	"time"
 
 	"bulwark/pkg/config"
-	"bulwark/pkg/mockprovider"
 	"bulwark/pkg/priority"
 	"bulwark/pkg/queue"
+	"bulwark/pkg/testkit/mockprovider"
 )
 
 const otherTenantToken = "other-token"

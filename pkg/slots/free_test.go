@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"bulwark/pkg/priority"
-	"bulwark/pkg/testenv"
+	"bulwark/pkg/testkit/testenv"
 )
 
 // Free tells the queue what each priority could take now: CRITICAL's unused

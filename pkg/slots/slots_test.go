@@ -13,7 +13,7 @@ import (
 
 	"bulwark/pkg/priority"
 	"bulwark/pkg/slots"
-	"bulwark/pkg/testenv"
+	"bulwark/pkg/testkit/testenv"
 )
 
 // reserves are the design's defaults, of a Total of 20.

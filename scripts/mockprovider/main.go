@@ -1,4 +1,4 @@
-// Command mockprovider serves the mock LLM provider (pkg/mockprovider) that
+// Command mockprovider serves the mock LLM provider (pkg/testkit/mockprovider) that
 // `make run`, tests and benchmarks talk to instead of Anthropic and OpenAI.
 //
 //	go run ./scripts/mockprovider -addr 127.0.0.1:8090 -rpm 600 -tpm 200000 -window 1s -latency 300ms
@@ -25,7 +25,7 @@ import (
 	"syscall"
 	"time"
 
-	"bulwark/pkg/mockprovider"
+	"bulwark/pkg/testkit/mockprovider"
 )
 
 // shutdownTimeout bounds the drain of in-flight answers at stop.

@@ -1,4 +1,4 @@
-// Command storm runs Bulwark's storm benchmark (pkg/storm): the built api,
+// Command storm runs Bulwark's storm benchmark (pkg/testkit/storm): the built api,
 // two workers and the mock provider as separate processes, with a
 // redis-server of their own and a fresh database on the test PostgreSQL
 // server ($BULWARK_TEST_PG), driven over HTTP.
@@ -16,7 +16,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"bulwark/pkg/storm"
+	"bulwark/pkg/testkit/storm"
 )
 
 func main() {

@@ -8,7 +8,7 @@ import (
 
 	"bulwark/pkg/llm"
 	"bulwark/pkg/provider"
-	"bulwark/pkg/provider/providertest"
+	"bulwark/pkg/testkit/providertest"
 )
 
 // TestConformance holds the adapter to what every provider adapter must

@@ -9,7 +9,7 @@ import (
 	"github.com/anthropics/anthropic-sdk-go/v2/option"
 
 	"bulwark/pkg/llm"
-	"bulwark/pkg/provider/providertest"
+	"bulwark/pkg/testkit/providertest"
 )
 
 // sdkHarness drives the official Anthropic SDK for the conformance suite's

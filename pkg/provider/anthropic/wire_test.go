@@ -5,8 +5,8 @@ import (
 	"testing"
 
 	"bulwark/pkg/llm"
-	"bulwark/pkg/provider/internal/wiretest"
-	"bulwark/pkg/provider/providertest"
+	"bulwark/pkg/testkit/providertest"
+	"bulwark/pkg/testkit/wiretest"
 )
 
 // TestDecodeRequestShapes: the shapes only the Messages API has.

@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"bulwark/pkg/llm"
-	"bulwark/pkg/mockprovider"
 	"bulwark/pkg/secret"
+	"bulwark/pkg/testkit/mockprovider"
 )
 
 // okBody is a minimal chat completion answer.

@@ -10,7 +10,7 @@ import (
 	"bulwark/pkg/llm"
 	"bulwark/pkg/provider"
 	"bulwark/pkg/provider/openai"
-	"bulwark/pkg/provider/providertest"
+	"bulwark/pkg/testkit/providertest"
 )
 
 // created is the fixed timestamp of golden responses and streams.

@@ -6,8 +6,8 @@ import (
 	"github.com/openai/openai-go/v3/option"
 
 	"bulwark/pkg/provider/openai"
-	"bulwark/pkg/provider/providertest"
-	"bulwark/pkg/provider/providertest/openaisdk"
+	"bulwark/pkg/testkit/providertest"
+	"bulwark/pkg/testkit/providertest/openaisdk"
 )
 
 // sdkHarness drives the official OpenAI SDK with its Azure options

@@ -9,8 +9,8 @@ import (
 	"bulwark/pkg/llm"
 	"bulwark/pkg/provider"
 	"bulwark/pkg/provider/anthropic"
-	"bulwark/pkg/provider/internal/wiretest"
-	"bulwark/pkg/provider/providertest"
+	"bulwark/pkg/testkit/providertest"
+	"bulwark/pkg/testkit/wiretest"
 )
 
 // testClient is a Client signing with the test credentials against base.

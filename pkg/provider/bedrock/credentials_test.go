@@ -13,7 +13,7 @@ import (
 
 	"bulwark/pkg/llm"
 	"bulwark/pkg/provider/anthropic"
-	"bulwark/pkg/provider/internal/wiretest"
+	"bulwark/pkg/testkit/wiretest"
 )
 
 // signedBy serves InvokeModel and verifies each signature with the secret

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"bulwark/pkg/llm"
-	"bulwark/pkg/mockprovider"
+	"bulwark/pkg/testkit/mockprovider"
 )
 
 // The mock's Bedrock endpoint meters a key as Bedrock meters a quota: per

@@ -4,8 +4,8 @@ import (
 	sdk "github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
-	"bulwark/pkg/provider/providertest"
-	"bulwark/pkg/provider/providertest/openaisdk"
+	"bulwark/pkg/testkit/providertest"
+	"bulwark/pkg/testkit/providertest/openaisdk"
 )
 
 // sdkHarness drives the official OpenAI SDK for the conformance suite's SDK

@@ -14,7 +14,7 @@ import (
 	"github.com/openai/openai-go/v3/shared"
 
 	"bulwark/pkg/llm"
-	"bulwark/pkg/provider/providertest"
+	"bulwark/pkg/testkit/providertest"
 )
 
 // Config is what differs between the adapters sharing the harness.

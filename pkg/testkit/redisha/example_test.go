@@ -3,7 +3,7 @@ package redisha_test
 import (
 	"fmt"
 
-	"bulwark/pkg/redisha"
+	"bulwark/pkg/testkit/redisha"
 )
 
 // The configuration file of one of three sentinels watching a master on

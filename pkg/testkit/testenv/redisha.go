@@ -6,7 +6,7 @@ package testenv
 // test's temporary folder, stopped at cleanup. No persistence: each lives
 // for one test. What a Sentinel setup is asked once it runs (who is
 // master, wait for a failover) is package redisha's, which the fault
-// bench (pkg/storm) shares; this file starts, kills and restarts the
+// bench (pkg/testkit/storm) shares; this file starts, kills and restarts the
 // processes.
 
 import (
@@ -25,7 +25,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"bulwark/pkg/redisha"
+	"bulwark/pkg/testkit/redisha"
 )
 
 // haStartTimeout bounds the start of a cluster or a sentinel setup.

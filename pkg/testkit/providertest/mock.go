@@ -12,15 +12,15 @@ import (
 	"time"
 
 	"bulwark/pkg/llm"
-	"bulwark/pkg/mockprovider"
-	"bulwark/pkg/provider/internal/wiretest"
+	"bulwark/pkg/testkit/mockprovider"
+	"bulwark/pkg/testkit/wiretest"
 )
 
 // mockNow is the mock's clock: fixed, so that its buckets refill only when
 // a test says so and its retry-after values are exact.
 var mockNow = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
-// startMock serves a pkg/mockprovider mock for cfg on the fixed clock and
+// startMock serves a pkg/testkit/mockprovider mock for cfg on the fixed clock and
 // returns the adapter's client pointed at it, with timeout (0: default).
 func (h *Harness) startMock(t *testing.T, cfg mockprovider.Config, timeout time.Duration) (*mockprovider.Server, llm.Client) {
 	t.Helper()

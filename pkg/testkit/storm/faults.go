@@ -20,7 +20,7 @@ import (
 	"github.com/hibiken/asynq"
 
 	"bulwark/pkg/job"
-	"bulwark/pkg/mockprovider"
+	"bulwark/pkg/testkit/mockprovider"
 )
 
 // The fault matrix (faults_test.go) runs a storm on the real processes

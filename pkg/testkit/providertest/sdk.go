@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"bulwark/pkg/llm"
-	"bulwark/pkg/provider/internal/wiretest"
+	"bulwark/pkg/testkit/wiretest"
 )
 
 // SDK drives a provider's official SDK against Bulwark's compat endpoint

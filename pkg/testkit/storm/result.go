@@ -8,7 +8,7 @@ import (
 	"strings"
 	"time"
 
-	"bulwark/pkg/mockprovider"
+	"bulwark/pkg/testkit/mockprovider"
 )
 
 // Result is what one scenario measured.

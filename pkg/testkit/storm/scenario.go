@@ -6,7 +6,7 @@ import (
 	"strings"
 	"time"
 
-	"bulwark/pkg/mockprovider"
+	"bulwark/pkg/testkit/mockprovider"
 )
 
 // The mock provider's limits and Bulwark's matching key configuration.

@@ -20,7 +20,7 @@ import (
 	"time"
 
 	"bulwark/pkg/job"
-	"bulwark/pkg/mockprovider"
+	"bulwark/pkg/testkit/mockprovider"
 )
 
 // Causes that end a scenario's load early.

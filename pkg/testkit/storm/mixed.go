@@ -12,7 +12,7 @@ import (
 	"strings"
 	"time"
 
-	"bulwark/pkg/mockprovider"
+	"bulwark/pkg/testkit/mockprovider"
 )
 
 // S3-mixed: one storm across every provider kind at once. Its keys are

@@ -15,8 +15,8 @@ import (
 
 	"bulwark/pkg/llm"
 	"bulwark/pkg/provider"
-	"bulwark/pkg/provider/internal/wiretest"
 	"bulwark/pkg/secret"
+	"bulwark/pkg/testkit/wiretest"
 )
 
 // keyPlaceholder in an answer's header values and body stands for the key

@@ -16,7 +16,7 @@ import (
 
 	"github.com/hibiken/asynq"
 
-	"bulwark/pkg/mockprovider"
+	"bulwark/pkg/testkit/mockprovider"
 )
 
 // The fault matrix: each test runs a storm on its own real processes,

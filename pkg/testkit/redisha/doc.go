@@ -4,18 +4,18 @@
 // which server is master (Master) or replica (Replica); have a sentinel
 // fail the master over (Failover); wait until every sentinel names a new
 // master (Promoted). SentinelConfig returns a sentinel's configuration
-// file's text. Poll and InfoField serve the Cluster helpers of pkg/testenv
+// file's text. Poll and InfoField serve the Cluster helpers of pkg/testkit/testenv
 // too.
 //
 // # Who uses it
 //
-// Two harnesses run Sentinel setups of their own: pkg/testenv, for the
-// tests (RedisSentinel), and pkg/storm, for the fault bench that fails the
+// Two harnesses run Sentinel setups of their own: pkg/testkit/testenv, for the
+// tests (RedisSentinel), and pkg/testkit/storm, for the fault bench that fails the
 // master over under a storm (TestFaultRedisFailover). Each starts, kills
 // and restarts its redis-server processes its own way — testenv in the
 // test's temporary folder, storm beside the scenario's other processes —
-// so only what does not depend on the processes lives here. pkg/storm
-// cannot import pkg/testenv, which imports package testing; this package
+// so only what does not depend on the processes lives here. pkg/testkit/storm
+// cannot import pkg/testkit/testenv, which imports package testing; this package
 // does not.
 //
 // # The setup it expects

@@ -28,7 +28,7 @@
 //   - SDK: the provider's official SDK parses what the compat endpoint
 //     writes (answers, streams, errors), and what the SDK sends decodes into
 //     the conversation it meant.
-//   - Mock: the client against pkg/mockprovider over real HTTP: a text
+//   - Mock: the client against pkg/testkit/mockprovider over real HTTP: a text
 //     answer with the mock's rate-limit headers, a tool-call round trip,
 //     every fault mode, and a 429 of the mock's own buckets.
 //
@@ -53,7 +53,7 @@ import (
 	"time"
 
 	"bulwark/pkg/llm"
-	"bulwark/pkg/provider/internal/wiretest"
+	"bulwark/pkg/testkit/wiretest"
 )
 
 // Harness is what Run needs to know of one adapter. Every field is
@@ -123,7 +123,7 @@ type Harness struct {
 	// BadRequests are request bodies the adapter's DecodeRequest refuses.
 	// Run adds the ones every provider refuses alike.
 	BadRequests []BadRequest
-	// Mock is the provider's name in pkg/mockprovider (Fault.Provider:
+	// Mock is the provider's name in pkg/testkit/mockprovider (Fault.Provider:
 	// "claude", "openai"); empty when the mock does not speak its wire,
 	// which skips the Mock cases.
 	Mock string

@@ -11,7 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"bulwark/pkg/redisha"
+	"bulwark/pkg/testkit/redisha"
 )
 
 // A system with options.Sentinel runs its Redis as the master of a
@@ -29,7 +29,7 @@ import (
 const sentinelMaster = "storm"
 
 // sentinelSet is the replica and sentinels of a system. What is asked of
-// them once they run is package redisha's (shared with pkg/testenv); this
+// them once they run is package redisha's (shared with pkg/testkit/testenv); this
 // file starts, kills and restarts the processes.
 type sentinelSet struct {
 	// sentinels are the sentinels' addresses and sentinelMaster; filled

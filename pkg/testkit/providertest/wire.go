@@ -6,7 +6,7 @@ import (
 	"testing"
 
 	"bulwark/pkg/llm"
-	"bulwark/pkg/provider/internal/wiretest"
+	"bulwark/pkg/testkit/wiretest"
 )
 
 // sharedBadRequests are bodies every provider refuses with the same words.

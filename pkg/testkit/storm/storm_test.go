@@ -12,7 +12,7 @@ import (
 	"bulwark/pkg/config"
 	"bulwark/pkg/llm"
 	"bulwark/pkg/redisconn"
-	"bulwark/pkg/redisha"
+	"bulwark/pkg/testkit/redisha"
 )
 
 // A short S1 on real processes: 120 distinct prompts from 50 clients
