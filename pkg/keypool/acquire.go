@@ -100,12 +100,16 @@ func (p *Pool) Acquire(ctx context.Context, route llm.Route, estTokens int, opts
 		return nil, fmt.Errorf("keypool: acquire %s: %w", route, err)
 	}
 	ttl := p.cfg.LeaseTTL.Microseconds()
-	who, place := "", "0"
+	// A CRITICAL waiter is not spaced (doc.go, "The line").
+	who, place, unspaced := "", "0", "0"
 	if w := o.line; w != nil {
 		if w.ID == "" || w.Since.IsZero() || !w.Priority.Valid() {
 			return nil, fmt.Errorf("keypool: acquire %s: invalid waiter %q (priority %d, since %s)", route, w.ID, w.Priority, w.Since)
 		}
 		who, place = w.ID, w.place()
+		if w.Priority == priority.Critical {
+			unspaced = "1"
+		}
 	}
 	for attempt := 0; ; attempt++ {
 		rctx, cancel := context.WithTimeout(ctx, p.cfg.OpTimeout)
@@ -114,7 +118,7 @@ func (p *Pool) Acquire(ctx context.Context, route llm.Route, estTokens int, opts
 		// in the file taking it all.
 		rot := p.rotate(len(idx))
 		res, err := p.sc.acquire.Run(rctx, p.rdb, p.routeKeys[route], estTokens, ttl, leaseID, o.ahead.Microseconds(),
-			p.routePrefs[route], rot, who, place, p.cfg.LineTTL.Microseconds(), in, out).Slice()
+			p.routePrefs[route], rot, who, place, p.cfg.LineTTL.Microseconds(), in, out, unspaced).Slice()
 		cancel()
 		if err != nil {
 			return nil, fmt.Errorf("keypool: acquire %s: %w", route, err)

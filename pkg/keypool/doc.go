@@ -195,7 +195,10 @@
 // at once, then nothing for half a second, and a CRITICAL request that
 // arrives in between waits for the next burst. The second sign of
 // saturation catches a storm's start, whose asks each find the line
-// short. A key that holds a request
+// short. CRITICAL waiters are not spaced: they take a request a key
+// holds ready at once (most urgent first, so still in the line's order);
+// held back for spacing, two CRITICAL requests arriving together waited
+// two route intervals. A key that holds a request
 // beyond this one (burst room), or would overflow within the interval, is
 // not held back, so spacing never costs the keys' capacity; and a route
 // the keys keep up with is not spaced at all, since there the interval

@@ -237,3 +237,32 @@ func TestLineSpacedWaiterComesBackOnTime(t *testing.T) {
 	require.Less(t, ee.RetryAfter, 200*time.Millisecond,
 		"told to wait %s: the next grant is one route interval (125 ms) away, not a key interval (500 ms)", ee.RetryAfter)
 }
+
+// TestLineCriticalIsNotSpaced: on a spaced route a CRITICAL waiter takes
+// a request a key holds ready at once, where a NORMAL one waits for the
+// next spaced moment: two CRITICAL requests arriving together would
+// otherwise wait two route intervals.
+func TestLineCriticalIsNotSpaced(t *testing.T) {
+	keys := make([]Key, 4)
+	for i := range keys {
+		keys[i] = key(fmt.Sprintf("k%d", i+1), haiku, 120, 1_000_000)
+	}
+	b := build(t, Config{Pace: 1, Keys: keys})
+	first := 0
+	for ; ; first++ {
+		if l, _ := b.ask(t, normal(first), 0); l == nil {
+			break
+		}
+	}
+	for i := range keys {
+		require.NoError(t, b.rdb.HSet(context.Background(), stateKey(b.cfg.Prefix, keys[i].ID), "rl", 1).Err())
+	}
+	l, _ := b.ask(t, normal(first), 0)
+	require.Nil(t, l, "a NORMAL waiter granted although the last grant was just now")
+	for i := range 2 {
+		crit := Waiter{ID: fmt.Sprintf("c%d", i), Priority: priority.Critical, Since: time.UnixMilli(1_700_000_000_000)}
+		l, ee := b.ask(t, crit, 0)
+		require.NotNil(t, l, "CRITICAL waiter %d spaced (%v) with every key holding a request", i, ee)
+		require.Zero(t, l.Delay())
+	}
+}

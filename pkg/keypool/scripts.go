@@ -202,6 +202,7 @@ return changed
 // ARGV[9]  how long the registration lives without another ask, µs
 // ARGV[10] the input part of ARGV[1], charged to an ITPM bucket
 // ARGV[11] the output part of ARGV[1] (max_tokens), charged to an OTPM bucket
+// ARGV[12] '1': the waiter is not spaced (CRITICAL, see doc.go "The line")
 // Reply:
 //
 //	{1, i, now, expiry, at}    granted on key i for time at (>= now); the
@@ -226,6 +227,7 @@ local est, ttl, lease, ahead = tonumber(ARGV[1]), tonumber(ARGV[2]), ARGV[3], to
 local prefs, rot = ARGV[5] or '', tonumber(ARGV[6] or '0')
 local who, place, lttl = ARGV[7] or '', ARGV[8], tonumber(ARGV[9] or '0')
 local ein, eout = tonumber(ARGV[10] or ARGV[1]), tonumber(ARGV[11] or ARGV[1])
+local unspaced = ARGV[12] == '1'
 local now = nowus()
 local n = (#KEYS - 3) / 2
 local line, lineExp, paceKey = KEYS[#KEYS - 2], KEYS[#KEYS - 1], KEYS[#KEYS]
@@ -313,7 +315,11 @@ if who ~= '' and rate > 0 then
     redis.call('PEXPIRE', paceKey, 60000)
     sat = now + SATURATED
   end
-  if sat > now then
+  -- An unspaced waiter (CRITICAL) takes a ready request at once: held
+  -- back for spacing, two CRITICAL requests arriving together waited two
+  -- route intervals. Its grant still moves lg, so the spaced ones behind
+  -- it go on one interval later and the keys stay interleaved.
+  if sat > now and not unspaced then
     S = 60000000 / rate
     spaceAt = lg + S - now
   end
