@@ -57,7 +57,7 @@ func (c *Config) KeypoolConfig() keypool.Config {
 		keys = append(keys, keypool.Key{ID: k.ID, Provider: k.Provider, Tier: k.ModelTier,
 			Cred: llm.Credential{KeyID: k.ID, APIKey: k.APIKey, Region: k.Region, Profile: k.Profile,
 				Endpoint: k.Endpoint, Deployment: k.Deployment},
-			RPM: rpm, TPM: tpm, ITPM: k.ITPMLimit, OTPM: k.OTPMLimit, MaxInFlight: k.MaxInFlight, Window: k.BurstWindow, Preferred: k.PTU,
+			RPM: rpm, TPM: tpm, ITPM: k.ITPMLimit, OTPM: k.OTPMLimit, OutputBurndown: k.OutputBurndown, MaxInFlight: k.MaxInFlight, Window: k.BurstWindow, Preferred: k.PTU,
 			Metering: meteringOf(c.Providers[k.Provider].Kind)})
 	}
 	return keypool.Config{Keys: keys, Prefix: c.Redis.Keyspace().Keypool(), LeaseTTL: KeyLeaseDefault,

@@ -301,6 +301,11 @@ type Key struct {
 	// Anthropic's anthropic-ratelimit-tokens-limit reports).
 	ITPMLimit int `yaml:"itpm_limit"`
 	OTPMLimit int `yaml:"otpm_limit"`
+	// OutputBurndown is a bedrock key's token burndown rate for output
+	// tokens (>= 0; 0, the default, means 1): Bedrock counts each output
+	// token of Claude 4-series models 5 times against tpm_limit, so set 5
+	// for those models' keys.
+	OutputBurndown int `yaml:"output_burndown"`
 	// MaxInFlight limits concurrent calls on this key; 0 = no limit.
 	// Required for local keys: a local server's limit is concurrency.
 	MaxInFlight int `yaml:"max_in_flight"`

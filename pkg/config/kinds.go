@@ -85,6 +85,14 @@ func (c *Config) validateKeyOfKind(field string, k Key, p ProviderCfg, add func(
 	// Only Anthropic's Messages API limits input and output tokens apart
 	// (Bedrock's quota counts both together): on another kind the limits
 	// would pace the key to buckets its provider does not have.
+	if k.OutputBurndown < 0 {
+		add(field+".output_burndown", "must be >= 0 (0: 1), got %d", k.OutputBurndown)
+	}
+	// Only Bedrock documents a burndown rate; elsewhere an output token
+	// counts once.
+	if p.Kind != "" && p.Kind != KindBedrock && k.OutputBurndown != 0 {
+		add(field, "output_burndown is for bedrock keys (their provider is %s)", p.Kind)
+	}
 	if p.Kind != "" && p.Kind != KindAnthropic && (k.ITPMLimit != 0 || k.OTPMLimit != 0) {
 		add(field, "itpm_limit and otpm_limit are for anthropic keys (their provider is %s)", p.Kind)
 	}

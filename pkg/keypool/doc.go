@@ -130,9 +130,11 @@
 //     counted in Amazon Bedrock", AWS Bedrock user guide,
 //     quotas-token-burndown). Bedrock has no separate input and output
 //     limits and sends no rate-limit headers, so its keys have no ITPM or
-//     OTPM (pkg/config refuses them) and nothing corrects them. Its 5x
-//     burndown of some Claude 4 models' output tokens is not modelled:
-//     set such a key's tpm_limit with it in mind.
+//     OTPM (pkg/config refuses them) and nothing corrects them. For
+//     Claude 4-series models each output token uses up 5 tokens of the
+//     quota at that adjustment (the "token burndown rate"): such a key's
+//     Key.OutputBurndown (output_burndown: 5) settles its output tokens
+//     five times over.
 //   - A local server (MeterUsage) meters nothing; its estimate settles to
 //     usage.
 //

@@ -140,6 +140,12 @@ type Key struct {
 	// MeterAdmission, is the harsher one: what was charged at admission
 	// stays charged. pkg/config derives it from the provider's kind.
 	Metering Metering
+	// OutputBurndown is how many tokens of the key's TPM one output token
+	// uses up when the call is settled (0 means 1). Bedrock counts each
+	// output token of Claude 4-series models five times against the
+	// model's tokens-per-minute quota ("token burndown rate"), after
+	// reserving input + max_tokens at the start like any other model.
+	OutputBurndown int
 }
 
 // Metering is how a provider settles the tokens it charged when it
@@ -290,6 +296,8 @@ func (c Config) Validate() error {
 			return fmt.Errorf("keypool: Config.Keys[%d] (%s).Tier is empty", i, k.ID)
 		case k.RPM <= 0:
 			return fmt.Errorf("keypool: Config.Keys[%d] (%s).RPM must be > 0, got %d", i, k.ID, k.RPM)
+		case k.OutputBurndown < 0:
+			return fmt.Errorf("keypool: Config.Keys[%d] (%s).OutputBurndown must be >= 0, got %d", i, k.ID, k.OutputBurndown)
 		case k.TPM <= 0:
 			return fmt.Errorf("keypool: Config.Keys[%d] (%s).TPM must be > 0, got %d", i, k.ID, k.TPM)
 		case k.ITPM < 0:

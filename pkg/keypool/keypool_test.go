@@ -625,6 +625,19 @@ func TestSettle(t *testing.T) {
 		})
 	}
 
+	// A Bedrock key of a Claude 4-series model settles its output tokens
+	// five times over (Bedrock's token burndown rate): 150 in + 5 × 50 out.
+	t.Run("output burndown", func(t *testing.T) {
+		t.Parallel()
+		k := key("b", haiku, 600, tpm)
+		k.OutputBurndown = 5
+		p, err := New(ctx, rdb, minuteBuckets(Config{Keys: []Key{k}, Prefix: "test:settle:burndown:"}), nil)
+		require.NoError(t, err)
+		l := mustAcquire(t, p, haiku, 1000)
+		require.NoError(t, p.Success(ctx, l, llm.Usage{InputTokens: 150, OutputTokens: 50}, llm.RateLimit{}))
+		require.InDelta(t, tpm-400, snap(t, p)[0].TokensAvailable, 5, "output counted five times")
+	})
+
 	// An OpenAI key keeps what it was charged at admission: OpenAI counts
 	// max_tokens against TPM and refunds nothing. Were the pool to refund
 	// the unused max_tokens here, the "no refund" cases would find about

@@ -103,7 +103,8 @@ func (p *Pool) Success(ctx context.Context, l *Lease, usage llm.Usage, rl llm.Ra
 	a := settleArgs{rl: rl, op: opOK}
 	if usage.Total() > 0 && l != nil {
 		admission := p.metering(l) == MeterAdmission
-		a.tokensBack = settleTo(l.EstTokens, usage.Total(), admission)
+		used := usage.InputTokens + usage.OutputTokens*p.burndown(l)
+		a.tokensBack = settleTo(l.EstTokens, used, admission)
 		a.inputBack = settleTo(l.EstInput, usage.InputTokens, admission)
 		a.outputBack = settleTo(l.EstOutput, usage.OutputTokens, admission)
 	}
@@ -120,6 +121,14 @@ func settleTo(est, used int, admission bool) int {
 		return 0
 	}
 	return back
+}
+
+// burndown is the key of l's OutputBurndown, at least 1.
+func (p *Pool) burndown(l *Lease) int {
+	if i, ok := p.byID[l.KeyID]; ok {
+		return max(p.cfg.Keys[i].OutputBurndown, 1)
+	}
+	return 1
 }
 
 // metering is how the key of l settles (MeterAdmission for an unknown key,
