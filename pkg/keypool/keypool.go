@@ -296,14 +296,14 @@ func (c Config) Validate() error {
 			return fmt.Errorf("keypool: Config.Keys[%d] (%s).Tier is empty", i, k.ID)
 		case k.RPM <= 0:
 			return fmt.Errorf("keypool: Config.Keys[%d] (%s).RPM must be > 0, got %d", i, k.ID, k.RPM)
-		case k.OutputBurndown < 0:
-			return fmt.Errorf("keypool: Config.Keys[%d] (%s).OutputBurndown must be >= 0, got %d", i, k.ID, k.OutputBurndown)
 		case k.TPM <= 0:
 			return fmt.Errorf("keypool: Config.Keys[%d] (%s).TPM must be > 0, got %d", i, k.ID, k.TPM)
 		case k.ITPM < 0:
 			return fmt.Errorf("keypool: Config.Keys[%d] (%s).ITPM must be >= 0 (0: none), got %d", i, k.ID, k.ITPM)
 		case k.OTPM < 0:
 			return fmt.Errorf("keypool: Config.Keys[%d] (%s).OTPM must be >= 0 (0: none), got %d", i, k.ID, k.OTPM)
+		case k.OutputBurndown < 0:
+			return fmt.Errorf("keypool: Config.Keys[%d] (%s).OutputBurndown must be >= 0, got %d", i, k.ID, k.OutputBurndown)
 		case k.MaxInFlight < 0:
 			return fmt.Errorf("keypool: Config.Keys[%d] (%s).MaxInFlight must be >= 0, got %d", i, k.ID, k.MaxInFlight)
 		case k.Window < time.Millisecond || k.Window > time.Minute:

@@ -102,8 +102,9 @@ type settleResult struct {
 func (p *Pool) Success(ctx context.Context, l *Lease, usage llm.Usage, rl llm.RateLimit) error {
 	a := settleArgs{rl: rl, op: opOK}
 	if usage.Total() > 0 && l != nil {
-		admission := p.metering(l) == MeterAdmission
-		used := usage.InputTokens + usage.OutputTokens*p.burndown(l)
+		k := p.keyOf(l)
+		admission := k.Metering == MeterAdmission
+		used := usage.InputTokens + usage.OutputTokens*max(k.OutputBurndown, 1)
 		a.tokensBack = settleTo(l.EstTokens, used, admission)
 		a.inputBack = settleTo(l.EstInput, usage.InputTokens, admission)
 		a.outputBack = settleTo(l.EstOutput, usage.OutputTokens, admission)
@@ -123,21 +124,13 @@ func settleTo(est, used int, admission bool) int {
 	return back
 }
 
-// burndown is the key of l's OutputBurndown, at least 1.
-func (p *Pool) burndown(l *Lease) int {
+// keyOf returns the configured key of l; for an unknown key (which settle
+// then refuses) the zero Key: MeterAdmission, an output burndown of 1.
+func (p *Pool) keyOf(l *Lease) Key {
 	if i, ok := p.byID[l.KeyID]; ok {
-		return max(p.cfg.Keys[i].OutputBurndown, 1)
+		return p.cfg.Keys[i]
 	}
-	return 1
-}
-
-// metering is how the key of l settles (MeterAdmission for an unknown key,
-// which settle then refuses anyway).
-func (p *Pool) metering(l *Lease) Metering {
-	if i, ok := p.byID[l.KeyID]; ok {
-		return p.cfg.Keys[i].Metering
-	}
-	return MeterAdmission
+	return Key{}
 }
 
 // Failure settles a lease after a failed call with action a (see Action).
@@ -217,7 +210,7 @@ func (p *Pool) Release(ctx context.Context, l *Lease) error {
 		return nil
 	}
 	a := settleArgs{tokensBack: l.EstTokens, outputBack: l.EstOutput, op: opNone}
-	if p.metering(l) == MeterAdmission {
+	if p.keyOf(l).Metering == MeterAdmission {
 		a.tokensBack, a.outputBack = 0, 0
 	}
 	_, err := p.settle(ctx, "release", l, false, a)
