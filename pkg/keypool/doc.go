@@ -54,9 +54,19 @@
 // our grant and the provider than the previous one (scheduling, network),
 // finds that 1-s bucket 0.002 of a request short (at 120 RPM) and gets a
 // 429. Spending 98% of each limit leaves 2% of every interval (10 ms at
-// 120 RPM) for that jitter. So with the defaults a 120-RPM key holds 1.96
-// requests: one call at once, the second 20 ms later, then one every
-// 510 ms; with Pace 1, two at once, then one every 500 ms.
+// 120 RPM) for that jitter, and builds a reserve at the provider over
+// time. But a burst starts from full buckets on both sides, with no
+// reserve yet: the third call of a 120-RPM key then had only 20 ms of
+// slack against the first one (the storms saw the rare 429 from it). So a
+// grant also leaves Config.Jitter (50 ms) of refill in the request bucket
+// as headroom, at most what the bucket holds beyond one request: a call
+// may then reach the provider up to 50 ms earlier, relative to an earlier
+// call, than their grants were apart. Headroom delays a burst's second
+// call, never the sustained rate. So with the defaults a 120-RPM key
+// holds 1.96 requests: one call at once, the second 70 ms later, then one
+// every 510 ms; with Pace 1 and NoJitter, two at once, then one every
+// 500 ms. A bucket with no room for headroom (under two requests) spaces
+// its grants Jitter more than one refill instead, at that cost in rate.
 //
 // Acquire takes 1 request and the estimated tokens (prompt plus
 // max_tokens; on an input or output bucket, the prompt or max_tokens

@@ -37,6 +37,14 @@ const (
 	// provider's arrival clock, so a paced call never finds the provider's
 	// one-second bucket a hair short.
 	PaceDefault = 0.98
+	// JitterDefault is the arrival jitter the pool absorbs without a 429:
+	// how much later than the call before it a call may reach the provider,
+	// relative to our grants (scheduling, a sleep's overshoot, the network).
+	// See the package doc, "Why the pace margin".
+	JitterDefault = 50 * time.Millisecond
+	// NoJitter as Config.Jitter models the provider's buckets exactly: a
+	// grant may empty a bucket (tests of the bucket arithmetic).
+	NoJitter time.Duration = -1
 	// LineTTLDefault is how long a waiter keeps its place in a route's
 	// line between two asks.
 	LineTTLDefault = time.Second
@@ -215,6 +223,13 @@ type Config struct {
 	// Pace is the share of each limit the pool spends, in (0, 1]; default
 	// PaceDefault (0.98).
 	Pace float64
+	// Jitter is the arrival jitter the pool absorbs: a grant leaves Jitter
+	// of refill in a key's request bucket (at most what it holds beyond one
+	// request), which costs no rate; a key whose provider bucket holds less
+	// than two requests has no room for that and spaces its grants Jitter
+	// more than one refill instead.
+	// Default JitterDefault (50ms); NoJitter for none; at most one second.
+	Jitter time.Duration
 	// LineTTL is how long a waiter refused by InLine keeps its place
 	// without asking again; default LineTTLDefault (1s). A waiter that
 	// stops asking without Leave (its worker died) holds the waiters
@@ -247,6 +262,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.LineTTL == 0 {
 		c.LineTTL = LineTTLDefault
+	}
+	if c.Jitter == 0 {
+		c.Jitter = JitterDefault
 	}
 	c.Keys = append([]Key(nil), c.Keys...)
 	for i := range c.Keys {
@@ -282,6 +300,9 @@ func (c Config) Validate() error {
 	}
 	if c.Pace <= 0 || c.Pace > 1 {
 		return fmt.Errorf("keypool: Config.Pace must be in (0, 1], got %g", c.Pace)
+	}
+	if c.Jitter != NoJitter && (c.Jitter < 0 || c.Jitter > time.Second) {
+		return fmt.Errorf("keypool: Config.Jitter must be in [0, 1s] or NoJitter, got %s", c.Jitter)
 	}
 	seen := make(map[string]bool, len(c.Keys))
 	for i, k := range c.Keys {
@@ -392,11 +413,12 @@ func (p *Pool) register(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.OpTimeout)
 	defer cancel()
 	keys := make([]string, len(p.cfg.Keys))
-	args := make([]any, 0, 9*len(p.cfg.Keys))
+	jitter := max(p.cfg.Jitter, 0).Microseconds()
+	args := make([]any, 0, 10*len(p.cfg.Keys))
 	for i, k := range p.cfg.Keys {
 		keys[i] = stateKey(p.cfg.Prefix, k.ID)
 		args = append(args, string(k.Provider), k.Tier, k.RPM, k.TPM, k.MaxInFlight, k.Window.Microseconds(), p.cfg.Pace,
-			k.ITPM, k.OTPM)
+			k.ITPM, k.OTPM, jitter)
 	}
 	res, err := p.sc.register.Run(ctx, p.rdb, keys, args...).Result()
 	if err != nil {
@@ -415,7 +437,7 @@ func (p *Pool) register(ctx context.Context) error {
 		p.logger.Info("keypool: key limits changed by this process's configuration",
 			"key", k.ID, "route", k.Route().String(), "rpm", k.RPM, "tpm", k.TPM, "itpm", k.ITPM, "otpm", k.OTPM,
 			"max_in_flight", k.MaxInFlight,
-			"window", k.Window, "pace", p.cfg.Pace)
+			"window", k.Window, "pace", p.cfg.Pace, "jitter", max(p.cfg.Jitter, 0))
 	}
 	return nil
 }

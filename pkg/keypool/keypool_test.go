@@ -53,7 +53,7 @@ type bundle struct {
 }
 
 // minuteBuckets gives cfg whole-minute buckets spent to the full limit
-// (Window 1m, Pace 1) unless the test set Window or Pace itself: a key of
+// (Window 1m, Pace 1, NoJitter) unless the test set them itself: a key of
 // N RPM then takes N calls at once and refills N per minute. Tests about
 // something other than pacing (cooldowns, disabling, leases, headroom,
 // secrecy) use it so their numbers stay the simple ones; the pacing tests
@@ -64,6 +64,9 @@ func minuteBuckets(cfg Config) Config {
 	}
 	if cfg.Pace == 0 {
 		cfg.Pace = 1
+	}
+	if cfg.Jitter == 0 {
+		cfg.Jitter = NoJitter
 	}
 	return cfg
 }
@@ -168,6 +171,8 @@ func TestConfigValidate(t *testing.T) {
 		{"negative op timeout", func(c *Config) { c.OpTimeout = -time.Second }, "Config.OpTimeout"},
 		{"negative pace", func(c *Config) { c.Pace = -0.5 }, "Config.Pace must be in (0, 1], got -0.5"},
 		{"pace above 1", func(c *Config) { c.Pace = 1.02 }, "Config.Pace must be in (0, 1], got 1.02"},
+		{"jitter over a second", func(c *Config) { c.Jitter = 2 * time.Second }, "Config.Jitter must be in [0, 1s] or NoJitter, got 2s"},
+		{"negative jitter", func(c *Config) { c.Jitter = -time.Millisecond }, "Config.Jitter must be in [0, 1s] or NoJitter, got -1ms"},
 		{"window above a minute", func(c *Config) { c.Window = 2 * time.Minute }, "Config.Window must be in [1ms, 1m], got 2m0s"},
 		{"negative window", func(c *Config) { c.Window = -time.Second }, "Config.Window must be in [1ms, 1m], got -1s"},
 		{"key window above a minute", func(c *Config) { c.Keys[0].Window = 61 * time.Second }, "Keys[0] (a).Window must be in [1ms, 1m], got 1m1s"},
@@ -770,7 +775,7 @@ func TestLeaseExpiryFreesInFlightSlot(t *testing.T) {
 // further ahead (whose expiry is later).
 func TestLeaseSetOutlivesReservations(t *testing.T) {
 	t.Parallel()
-	b := build(t, Config{Keys: []Key{key("a", haiku, 120, 1_000_000)}, Pace: 1, LeaseTTL: time.Second})
+	b := build(t, Config{Keys: []Key{key("a", haiku, 120, 1_000_000)}, Pace: 1, Jitter: NoJitter, LeaseTTL: time.Second})
 	ctx := context.Background()
 	given := []*Lease{b.acquire(t, haiku, 0), b.acquire(t, haiku, 0)}
 	var ahead *Lease

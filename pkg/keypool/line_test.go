@@ -180,7 +180,7 @@ func TestLineIgnoredWithoutWaiter(t *testing.T) {
 // A key with burst room, or a line the keys keep up with, is not held
 // back.
 func TestLineSpacesTheRoute(t *testing.T) {
-	b := build(t, Config{Pace: 1, Keys: []Key{key("k1", haiku, 120, 1_000_000), key("k2", haiku, 120, 1_000_000)}})
+	b := build(t, Config{Pace: 1, Jitter: NoJitter, Keys: []Key{key("k1", haiku, 120, 1_000_000), key("k2", haiku, 120, 1_000_000)}})
 	// Full buckets (2 requests each) serve a short line at once while
 	// they hold more than one request per key.
 	for i := range 3 {
@@ -213,7 +213,7 @@ func TestLineSpacedWaiterComesBackOnTime(t *testing.T) {
 	for i := range keys {
 		keys[i] = key(fmt.Sprintf("k%d", i+1), haiku, 120, 1_000_000) // 2 a second each: 8 in all, 125 ms apart
 	}
-	b := build(t, Config{Pace: 1, Keys: keys})
+	b := build(t, Config{Pace: 1, Jitter: NoJitter, Keys: keys})
 	// The keys' burst room goes at once, up to the first spaced grant;
 	// five more wait in line.
 	first := 0
@@ -247,7 +247,7 @@ func TestLineCriticalIsNotSpaced(t *testing.T) {
 	for i := range keys {
 		keys[i] = key(fmt.Sprintf("k%d", i+1), haiku, 120, 1_000_000)
 	}
-	b := build(t, Config{Pace: 1, Keys: keys})
+	b := build(t, Config{Pace: 1, Jitter: NoJitter, Keys: keys})
 	first := 0
 	for ; ; first++ {
 		if l, _ := b.ask(t, normal(first), 0); l == nil {

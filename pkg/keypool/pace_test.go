@@ -80,9 +80,11 @@ func (b *bundle) storedTS(t *testing.T, id string) time.Time {
 func TestBurstWindow(t *testing.T) {
 	t.Parallel()
 
-	// The defaults (1 s window, pace 0.98) give a 120-RPM key a bucket of
-	// 1.96 requests refilling 1.96 per second: one call at once, the
-	// second 0.04/1.96 s = 20.4 ms later, the third 1/1.96 s after that.
+	// The defaults (1 s window, pace 0.98, jitter 50 ms) give a 120-RPM
+	// key a bucket of 1.96 requests refilling 1.96 per second, of which a
+	// grant leaves 50 ms of refill (0.098) as headroom: one call at once,
+	// the second (0.04 + 0.098)/1.96 s = 70.4 ms later, the third 1/1.96 s
+	// after that.
 	t.Run("defaults", func(t *testing.T) {
 		t.Parallel()
 		b := build(t, Config{Keys: []Key{key("a", haiku, 120, 60000)}})
@@ -94,7 +96,7 @@ func TestBurstWindow(t *testing.T) {
 
 		l1 := b.acquire(t, haiku, 0)
 		require.Zero(t, l1.Delay())
-		second := l1.GrantedAt.Add(seconds(0.04 / 1.96))
+		second := l1.GrantedAt.Add(seconds((0.04 + 0.05*1.96) / 1.96))
 		b.next(t, haiku, 0, 0, second, ReasonRequests)
 		l2 := b.next(t, haiku, 0, time.Second, second, ReasonRequests)
 		require.NotNil(t, l2)
@@ -105,7 +107,7 @@ func TestBurstWindow(t *testing.T) {
 	// once, then one every 500 ms.
 	t.Run("pace 1", func(t *testing.T) {
 		t.Parallel()
-		b := build(t, Config{Keys: []Key{key("a", haiku, 120, 60000)}, Pace: 1})
+		b := build(t, Config{Keys: []Key{key("a", haiku, 120, 60000)}, Pace: 1, Jitter: NoJitter})
 		s := b.state(t, "a")
 		require.InDelta(t, 2, s.RequestsCapacity, 1e-9)
 		require.InDelta(t, 120, s.EffectiveRPM, 1e-9)
@@ -121,7 +123,7 @@ func TestBurstWindow(t *testing.T) {
 	// A one-minute window is the whole-minute bucket: 120 at once.
 	t.Run("window of a minute", func(t *testing.T) {
 		t.Parallel()
-		b := build(t, Config{Keys: []Key{key("a", haiku, 120, 60000)}, Window: time.Minute, Pace: 1})
+		b := build(t, Config{Keys: []Key{key("a", haiku, 120, 60000)}, Window: time.Minute, Pace: 1, Jitter: NoJitter})
 		require.InDelta(t, 120, b.state(t, "a").RequestsCapacity, 1e-9)
 		l1 := b.acquire(t, haiku, 0)
 		for range 119 {
@@ -154,7 +156,7 @@ func TestBurstWindow(t *testing.T) {
 // a returned reservation's moment goes to the next caller.
 func TestWithinReservesInOrder(t *testing.T) {
 	t.Parallel()
-	b := build(t, Config{Keys: []Key{key("a", haiku, 120, 1_000_000)}, Pace: 1}) // 2 requests, 2 per second
+	b := build(t, Config{Keys: []Key{key("a", haiku, 120, 1_000_000)}, Pace: 1, Jitter: NoJitter}) // 2 requests, 2 per second
 	ctx := context.Background()
 	l1 := b.acquire(t, haiku, 0)
 	b.acquire(t, haiku, 0) // the bucket is empty now
@@ -192,7 +194,7 @@ func TestWithinNeverSkipsACooldownOrTheInFlightCap(t *testing.T) {
 	t.Parallel()
 	capped := key("capped", sonnet, 120, 100000)
 	capped.MaxInFlight = 1
-	b := build(t, Config{Pace: 1, Keys: []Key{
+	b := build(t, Config{Pace: 1, Jitter: NoJitter, Keys: []Key{
 		key("cooling", haiku, 120, 100000), capped,
 		key("c60", mini, 60, 100000), key("c120", mini, 120, 100000),
 	}})
@@ -221,7 +223,7 @@ func TestWithinNeverSkipsACooldownOrTheInFlightCap(t *testing.T) {
 func TestTokenDebt(t *testing.T) {
 	t.Parallel()
 	// 60,000 TPM: 1,000 tokens per 1 s window, 1,000 per second.
-	b := build(t, Config{Keys: []Key{key("a", haiku, 6000, 60000)}, Pace: 1})
+	b := build(t, Config{Keys: []Key{key("a", haiku, 6000, 60000)}, Pace: 1, Jitter: NoJitter})
 	ctx := context.Background()
 	require.InDelta(t, 1000, b.state(t, "a").TokensCapacity, 1e-9)
 
@@ -307,6 +309,9 @@ func TestHeadersCorrectTheKey(t *testing.T) {
 	require.GreaterOrEqual(t, s.RequestsAvailable, 1.0)
 	// There a reported limit of 60 halves the window too: one request,
 	// and a bucket that small spaces its grants by the 50 ms jitter too.
+	// (Refilled first: the jitter headroom holds the bucket's second
+	// request back 50 ms.)
+	b.fill(t, "short")
 	s = settle(mini, llm.RateLimit{RequestsLimit: 60, RequestsRemaining: 59})
 	require.InDelta(t, 60/1.05, s.EffectiveRPM, 1e-6)
 	require.InDelta(t, 1, s.RequestsCapacity, 1e-9)

@@ -17,13 +17,7 @@ local function nowus()
 end
 local function fmt17(x) return string.format('%.17g', x) end
 local FIELDS = {'rpm', 'tpm', 'mif', 'win', 'pace', 'rl', 'tl', 'ts', 'n', 'cu', 'cs', 'off', 'hr', 'ht', 'f', 'rv',
-  'itpm', 'otpm', 'il', 'ol', 'hi', 'ho'}
--- JITTER (µs) is the arrival jitter pacing absorbs on a key whose provider
--- bucket holds less than two requests (RPM·window < 2/min·min): such a
--- bucket never builds a reserve, so two calls granted one refill apart
--- must also arrive at least that far apart; each grant is spaced JITTER
--- more. Larger buckets build their reserve from the pace margin.
-local JITTER = 50000
+  'itpm', 'otpm', 'il', 'ol', 'hi', 'ho', 'jit'}
 -- side returns the effective rate, capacity and level now of one of
 -- Anthropic's separate input and output buckets (limit lim, a limit the
 -- provider reported below it heard, the stored level): the token bucket's
@@ -49,15 +43,24 @@ local function load(h, now)
   local s = {rpm = rpm, tpm = tpm, mif = tonumber(v[3]) or 0, win = tonumber(v[4]) or 60000000,
     pace = tonumber(v[5]) or 1, n = tonumber(v[9]) or 0, cu = tonumber(v[10]) or 0, cs = tonumber(v[11]) or 0,
     off = v[12], hr = tonumber(v[13]) or 0, ht = tonumber(v[14]) or 0, f = tonumber(v[15]) or 1,
-    rv = tonumber(v[16]) or 0}
+    rv = tonumber(v[16]) or 0, jit = tonumber(v[23]) or 0}
   local er, et = rpm, tpm
   if s.hr > 0 and s.hr < er then er = s.hr end
   if s.ht > 0 and s.ht < et then et = s.ht end
+  -- jit (µs) is the arrival jitter the pool absorbs (Config.Jitter): the
+  -- provider meters a call when it arrives, up to jit later than our
+  -- grant. A provider bucket under two requests (RPM·window < 2/min·min)
+  -- never builds a reserve: each grant is spaced jit more than one refill.
   local pr = er
-  if er * s.win / 60000000 < 2 then pr = math.min(er, 60000000 / (60000000 / er + JITTER)) end
+  if er * s.win / 60000000 < 2 then pr = math.min(er, 60000000 / (60000000 / er + s.jit)) end
   s.er, s.et = math.min(pr, er * s.pace) * s.f, et * s.pace * s.f
   s.capR = s.er * s.win / 60000000
   if s.capR < 1 then s.capR = 1 end
+  -- A larger one keeps jit of refill as headroom (hd, at most what it
+  -- holds beyond one request) below every grant: a call that reaches the
+  -- provider up to jit earlier, relative to the call before it, than its
+  -- grant still finds a request there, at no cost in rate.
+  s.hd = math.min(s.jit * s.er / 60000000, s.capR - 1)
   s.capT = s.et * s.win / 60000000
   local ts = tonumber(v[8]) or now
   local dt = now - ts
@@ -93,7 +96,7 @@ end
 -- debt, as providers do.
 local function wait(s, est, ein, eout)
   local w, why = 0, ''
-  if s.rl < 1 then w, why = (1 - s.rl) * 60000000 / s.er, 'requests' end
+  if s.rl < 1 + s.hd then w, why = (1 + s.hd - s.rl) * 60000000 / s.er, 'requests' end
   for _, b in ipairs(buckets(s, est, ein, eout)) do
     local need = math.min(b[4], b[2])
     if b[1] < need then
@@ -111,7 +114,7 @@ end
 -- output) or its in-flight cap run out first.
 local function within(s, est, ein, eout, ahead, w, why, inflight)
   if w > ahead then return 0, w, why end
-  local k = math.floor(s.rl + ahead * s.er / 60000000 + 1e-9)
+  local k = math.floor(s.rl - s.hd + ahead * s.er / 60000000 + 1e-9)
   local bs = buckets(s, est, ein, eout)
   for _, b in ipairs(bs) do
     local e = b[4]
@@ -122,7 +125,7 @@ local function within(s, est, ein, eout, ahead, w, why, inflight)
   end
   if s.mif > 0 and s.mif - inflight < k then k = s.mif - inflight end
   if k < 1 then k = 1 end
-  local after, awhy = (k + 1 - s.rl) * 60000000 / s.er, 'requests'
+  local after, awhy = (k + 1 + s.hd - s.rl) * 60000000 / s.er, 'requests'
   for _, b in ipairs(bs) do
     local e = b[4]
     if e > 0 then
@@ -140,27 +143,28 @@ end
 // levels are only clamped to a lowered capacity.
 //
 // KEYS[i]            state hash of key i
-// ARGV[9i-8 .. 9i]   provider, tier, rpm, tpm, max in-flight, window (µs),
-// pace, itpm, otpm (0: none) of key i
+// ARGV[10i-9 .. 10i] provider, tier, rpm, tpm, max in-flight, window (µs),
+// pace, itpm, otpm (0: none), jitter (µs) of key i
 // Reply: array of the 1-based indexes of keys whose stored limits changed.
 const registerLua = luaCommon + `
 local now = nowus()
 local changed = {}
 for i = 1, #KEYS do
-  local b = 9 * (i - 1)
+  local b = 10 * (i - 1)
   local h = KEYS[i]
-  local old = redis.call('HMGET', h, 'rpm', 'tpm', 'mif', 'win', 'pace', 'itpm', 'otpm', 'provider', 'tier')
+  local old = redis.call('HMGET', h, 'rpm', 'tpm', 'mif', 'win', 'pace', 'itpm', 'otpm', 'jit', 'provider', 'tier')
   if old[1] then
-    for j = 1, 7 do
-      -- A hash written before ITPM/OTPM existed has none: 0.
+    for j = 1, 8 do
+      -- A hash written before ITPM/OTPM (or jit) existed has none: 0.
       if (tonumber(old[j]) or 0) ~= tonumber(ARGV[b + 2 + j]) then changed[#changed + 1] = i; break end
     end
-    if old[8] ~= ARGV[b + 1] or old[9] ~= ARGV[b + 2] then
+    if old[9] ~= ARGV[b + 1] or old[10] ~= ARGV[b + 2] then
       if changed[#changed] ~= i then changed[#changed + 1] = i end
     end
   end
   redis.call('HSET', h, 'provider', ARGV[b + 1], 'tier', ARGV[b + 2], 'rpm', ARGV[b + 3], 'tpm', ARGV[b + 4],
-    'mif', ARGV[b + 5], 'win', ARGV[b + 6], 'pace', ARGV[b + 7], 'itpm', ARGV[b + 8], 'otpm', ARGV[b + 9])
+    'mif', ARGV[b + 5], 'win', ARGV[b + 6], 'pace', ARGV[b + 7], 'itpm', ARGV[b + 8], 'otpm', ARGV[b + 9],
+    'jit', ARGV[b + 10])
   -- A limit taken out of the configuration takes its bucket with it; one
   -- put back starts full.
   if tonumber(ARGV[b + 8]) == 0 then redis.call('HDEL', h, 'il', 'hi') end
@@ -303,7 +307,7 @@ end
 local SATURATED = 2000000
 local serving, ready = 0, 0
 for _, k in ipairs(ks) do
-  if k.hard == 0 then serving, ready = serving + 1, ready + k.s.rl end
+  if k.hard == 0 then serving, ready = serving + 1, ready + k.s.rl - k.s.hd end
 end
 local S, spaceAt, lg = 0, 0, 0
 if who ~= '' and rate > 0 then
@@ -334,7 +338,7 @@ for _, k in ipairs(ks) do
   local free = true
   if hard == 0 and S > 0 then
     local level = s.rl + w * s.er / 60000000
-    free = level >= 2 or level + S * s.er / 60000000 > s.capR
+    free = level >= 2 + s.hd or level + S * s.er / 60000000 > s.capR
     if not free and spaceAt > q then q = spaceAt end
   end
   if hard == 0 then
