@@ -8,6 +8,7 @@ import (
 	"bulwark/pkg/breaker"
 	"bulwark/pkg/cache"
 	"bulwark/pkg/compress"
+	"bulwark/pkg/dispatch"
 	"bulwark/pkg/embed"
 	"bulwark/pkg/httpapi"
 	"bulwark/pkg/intake"
@@ -141,6 +142,14 @@ func (c *Config) LongestCall() time.Duration {
 	return m
 }
 
+// DispatchConfig is the worker's dispatcher configuration, without the
+// provider clients and the compressor the service builds.
+func (c *Config) DispatchConfig() dispatch.Config {
+	return dispatch.Config{RouteOrder: c.RouteOrder, ModelName: c.ModelName, Price: c.Price,
+		MaxActive: c.MaxActive(), PaceWait: c.Worker.PaceWait, HoldWait: c.Worker.HoldWait,
+		SlotRenew: c.Queue.SlotLease / 3}
+}
+
 // validateComponents runs each component's own validation on the
 // configuration built for it, under the section of the file it comes from.
 func (c *Config) validateComponents(add func(field, format string, args ...any)) {
@@ -157,6 +166,8 @@ func (c *Config) validateComponents(add func(field, format string, args ...any))
 		{"cache.embedder", c.EmbedConfig().Validate()},
 		{"compression", c.CompressConfig().WithDefaults().Validate()},
 		{"server", c.HTTPConfig().WithDefaults().Validate()},
+		{"worker", c.DispatchConfig().WithDefaults().Validate()},
+		{"server", c.IntakeConfig().WithDefaults().Validate()},
 	} {
 		if v.err != nil {
 			add(v.section, "%v", v.err)
@@ -189,9 +200,6 @@ func (c *Config) validateAcross(add func(field, format string, args ...any)) {
 			add(field, "(%s) twice (route and fallback) plus worker.hold_wait (%s) must stay under the queue's task timeout (%s)",
 				p.Timeout, c.Worker.HoldWait, queue.TaskTimeoutDefault)
 		}
-	}
-	if c.Worker.HoldWait < c.Worker.PaceWait {
-		add("worker.hold_wait", "must be >= worker.pace_wait (%s), got %s", c.Worker.PaceWait, c.Worker.HoldWait)
 	}
 	// Workers renew their slots every third of the lease; a request that
 	// waits longer than a lease for a slot keeps its place in line by the

@@ -209,6 +209,12 @@ func TestValidation(t *testing.T) {
 		{"call longer than the key lease", strings.Replace(minimal, `tiers: {sonnet: m1}}`, `tiers: {sonnet: m1}, timeout: 3m}`, 1),
 			map[string]string{"K1": secretVal}, "providers.claude.timeout: plus worker.pace_wait (2s) must stay under the key lease (3m0s)"},
 		// A component's own validation backs the file's rules up.
+		{"negative pace wait", minimal + "worker: {pace_wait: -1s}", map[string]string{"K1": secretVal},
+			"worker: dispatch: pace_wait must be > 0, got -1s"},
+		{"default max tokens over the cap", strings.Replace(minimal, "server: {admin_token: a}", "server: {admin_token: a, max_tokens_limit: 100, default_max_tokens: 200}", 1), map[string]string{"K1": secretVal},
+			"server: intake: DefaultMaxTokens must be in [1, MaxTokensLimit (100)], got 200"},
+		{"hold wait under pace wait", minimal + "worker: {pace_wait: 5s, hold_wait: 3s}", map[string]string{"K1": secretVal},
+			"worker: dispatch: hold_wait (3s) must be >= pace_wait (5s)"},
 		{"embedder dims out of range", minimal + `cache: {embedder: {kind: openai, base_url: "http://127.0.0.1:2", model: m, dims: 99999}}`,
 			map[string]string{"K1": secretVal}, "cache.embedder: embed: OpenAIConfig.Dims 99999"},
 		{"HNSW build below pgvector's limits", minimal + `cache: {index: {m: 16, ef_construction: 20}}`,

@@ -6,8 +6,10 @@ import (
 	"bulwark/pkg/alert"
 	"bulwark/pkg/breaker"
 	"bulwark/pkg/cache"
+	"bulwark/pkg/dispatch"
 	"bulwark/pkg/embed"
 	"bulwark/pkg/httpapi"
+	"bulwark/pkg/intake"
 	"bulwark/pkg/keypool"
 	"bulwark/pkg/priority"
 	"bulwark/pkg/queue"
@@ -20,9 +22,9 @@ import (
 const (
 	ListenDefault                = "127.0.0.1:8080"
 	MaxBodyBytesDefault          = httpapi.MaxBodyBytesDefault
-	MaxPromptCharsDefault        = 200_000
-	MaxTokensLimitDefault        = 32_000
-	DefaultMaxTokensDefault      = 1024
+	MaxPromptCharsDefault        = intake.MaxPromptCharsDefault
+	MaxTokensLimitDefault        = intake.MaxTokensLimitDefault
+	DefaultMaxTokensDefault      = intake.DefaultMaxTokensDefault
 	ResultTTLDefault             = time.Hour
 	ServerShutdownTimeoutDefault = 10 * time.Second
 	ReadHeaderTimeoutDefault     = 5 * time.Second
@@ -44,12 +46,12 @@ const (
 	MaxAttemptsDefault              = queue.MaxRetryDefault
 	ProviderTimeoutDefault          = 120 * time.Second
 	MaxConcurrentLLMCallsDefault    = slots.TotalDefault
-	QueueMaxWaitDefault             = 300 * time.Second
+	QueueMaxWaitDefault             = queue.MaxWaitDefault
 	QueueMaxDepthDefault            = queue.MaxDepthDefault
 	SlotLeaseDefault                = slots.LeaseTTLDefault
 	BurstWindowDefault              = keypool.WindowDefault
-	PaceWaitDefault                 = 2 * time.Second
-	HoldWaitDefault                 = 10 * time.Second
+	PaceWaitDefault                 = dispatch.PaceWaitDefault
+	HoldWaitDefault                 = dispatch.HoldWaitDefault
 	// KeyLeaseDefault is how long a key's in-flight lease lives unsettled
 	// (keypool.LeaseTTLDefault); validation checks it outlasts a call.
 	KeyLeaseDefault                = keypool.LeaseTTLDefault

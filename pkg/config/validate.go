@@ -22,20 +22,41 @@ var secretZero secret.String
 var tenantName = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,63}$`)
 
 // validate checks every rule and joins the failures; each names its field.
+// The file's own rules come first, section by section; the components'
+// own validation (validateComponents) backs them up.
 func (c *Config) validate() error {
 	var errs []error
 	add := func(field, format string, args ...any) {
 		errs = append(errs, fmt.Errorf("%s: "+format, append([]any{field}, args...)...))
 	}
+	c.validateBasics(add)
+	if err := c.RedisConnConfig().WithDefaults().Validate(); err != nil {
+		errs = append(errs, err) // its errors name their redis.* fields
+	}
+	routes := c.validateProviders(add)
+	c.validateKeys(routes, add)
+	c.validateRouting(routes, add)
+	c.validateAcross(add)
+	c.validateQueue(add)
+	c.validateCache(add)
+	c.validateTenants(add)
+	c.validateOperations(add)
+	if len(errs) == 0 {
+		// The backstop: the file's own rules above name its fields more
+		// precisely, and a component would repeat them.
+		c.validateComponents(add)
+	}
+	return errors.Join(errs...)
+}
 
+// validateBasics checks the server's tokens and listeners, PostgreSQL,
+// logging and the plain limits.
+func (c *Config) validateBasics(add func(field, format string, args ...any)) {
 	if c.Server.AdminToken.IsZero() {
 		add("server.admin_token", "is required")
 	}
 	if c.Server.AdminListen != "" && c.Server.AdminListen == c.Server.Listen {
 		add("server.admin_listen", "must differ from server.listen (leave it empty to serve admin there)")
-	}
-	if err := c.RedisConnConfig().WithDefaults().Validate(); err != nil {
-		errs = append(errs, err) // its errors name their redis.* fields
 	}
 	if c.Postgres.DSN.IsZero() {
 		add("postgres.dsn", "is required")
@@ -44,13 +65,14 @@ func (c *Config) validate() error {
 	if c.Postgres.HistoryRetention < time.Hour {
 		add("postgres.history_retention", "must be at least 1h, got %s", c.Postgres.HistoryRetention)
 	}
-	if c.Server.DefaultMaxTokens > c.Server.MaxTokensLimit {
-		add("server.default_max_tokens", "must not exceed server.max_tokens_limit (%d)", c.Server.MaxTokensLimit)
-	}
 	if f := c.Log.Format; f != "json" && f != "text" {
 		add("log.format", "must be json or text, not %q", f)
 	}
+}
 
+// validateProviders checks each provider and returns the configured
+// routes ("provider/tier").
+func (c *Config) validateProviders(add func(field, format string, args ...any)) map[string]bool {
 	routes := map[string]bool{}
 	if len(c.Providers) == 0 {
 		add("providers", "at least one provider is required")
@@ -86,7 +108,11 @@ func (c *Config) validate() error {
 			routes[llm.Route{Provider: name, Tier: tier}.String()] = true
 		}
 	}
+	return routes
+}
 
+// validateKeys checks each key against its provider and routes.
+func (c *Config) validateKeys(routes map[string]bool, add func(field, format string, args ...any)) {
 	ids := map[string]bool{}
 	for i, k := range c.Keys {
 		field := fmt.Sprintf("keys[%d]", i)
@@ -112,7 +138,11 @@ func (c *Config) validate() error {
 	if len(c.Keys) == 0 {
 		add("keys", "at least one key is required")
 	}
+}
 
+// validateRouting checks the fallback chains, routing rules and model
+// names against the configured routes.
+func (c *Config) validateRouting(routes map[string]bool, add func(field, format string, args ...any)) {
 	for from, chain := range c.Fallback {
 		field := "fallback." + from
 		if !routes[from] {
@@ -152,9 +182,10 @@ func (c *Config) validate() error {
 			add("models."+name, "maps to unknown route %q", to)
 		}
 	}
+}
 
-	c.validateAcross(add)
-
+// validateQueue checks the queue's slots, reserves, weights and limits.
+func (c *Config) validateQueue(add func(field, format string, args ...any)) {
 	q := c.Queue
 	if q.MaxConcurrentLLMCalls <= 0 {
 		add("queue.max_concurrent_llm_calls", "must be > 0")
@@ -183,7 +214,11 @@ func (c *Config) validate() error {
 	if q.MaxWait <= 0 {
 		add("queue.queue_max_wait", "must be > 0")
 	}
+}
 
+// validateCache checks the cache's threshold, layers, patterns, memo and
+// embedder.
+func (c *Config) validateCache(add func(field, format string, args ...any)) {
 	ca := c.Cache
 	if !(ca.Threshold > 0 && ca.Threshold <= 1) { // NaN too
 		add("cache.threshold", "must be in (0, 1], got %g", ca.Threshold)
@@ -213,12 +248,10 @@ func (c *Config) validate() error {
 	default:
 		add("cache.embedder.kind", "must be local or openai, not %q", ca.Embedder.Kind)
 	}
+}
 
-	b := c.Breaker
-	if b.FailureThreshold <= 0 || b.HalfOpenMaxCalls <= 0 || b.SuccessThreshold <= 0 || b.OpenDuration <= 0 {
-		add("breaker", "failure_threshold, open_duration, half_open_max_calls and success_threshold must be > 0")
-	}
-
+// validateTenants checks each tenant's name, token and limits.
+func (c *Config) validateTenants(add func(field, format string, args ...any)) {
 	names := map[string]bool{}
 	hashes := map[string]bool{}
 	for i, t := range c.Tenants {
@@ -255,7 +288,14 @@ func (c *Config) validate() error {
 			}
 		}
 	}
+}
 
+// validateOperations checks the breaker, alert webhooks and daily report.
+func (c *Config) validateOperations(add func(field, format string, args ...any)) {
+	b := c.Breaker
+	if b.FailureThreshold <= 0 || b.HalfOpenMaxCalls <= 0 || b.SuccessThreshold <= 0 || b.OpenDuration <= 0 {
+		add("breaker", "failure_threshold, open_duration, half_open_max_calls and success_threshold must be > 0")
+	}
 	for i, w := range append(append(append([]Webhook{}, c.Alerts.WeCom...), c.Alerts.DingTalk...), c.Alerts.Generic...) {
 		if !strings.HasPrefix(w.URL.Reveal(), "http://") && !strings.HasPrefix(w.URL.Reveal(), "https://") {
 			add(fmt.Sprintf("alerts (webhook %d)", i), "url must be http(s)")
@@ -267,12 +307,6 @@ func (c *Config) validate() error {
 	if _, err := time.LoadLocation(c.Report.Timezone); err != nil {
 		add("report.timezone", "unknown time zone %q", c.Report.Timezone)
 	}
-	if len(errs) == 0 {
-		// The backstop: the file's own rules above name its fields more
-		// precisely, and a component would repeat them.
-		c.validateComponents(add)
-	}
-	return errors.Join(errs...)
 }
 
 // ParseRoute parses "provider/tier".

@@ -104,50 +104,6 @@ type Alerter interface {
 	KeyDisabled(ctx context.Context, keyID string, route llm.Route, reason string)
 }
 
-// Config configures the dispatcher.
-type Config struct {
-	Clients map[llm.Provider]llm.Client
-	// RouteOrder returns the routes a request tries, in order: a routing
-	// rule's first, the asked route, its fallback chain (config.RouteOrder).
-	// nil: the asked route only.
-	RouteOrder func(asked llm.Route, layer string) []llm.Route
-	// ModelName returns a route's provider model name.
-	ModelName func(llm.Route) string
-	// Price of a route, for cost metrics.
-	Price func(llm.Route) metrics.Price
-	// Compress, when set, shortens a request's prompt before it is sent
-	// (pkg/compress), returning the copy and the tokens saved; requests
-	// that opted out (job.Job.NoCompress) are sent as written.
-	Compress func(*llm.Request) (llm.Request, int)
-	// MaxKeyTries bounds calls on one route within one attempt. Default 4.
-	MaxKeyTries int
-	// MinWait is the shortest re-enqueue delay. Default 100ms.
-	MinWait time.Duration
-	// MaxTransientWait caps the delay of an asynq retry after transient
-	// failures. Default 30s.
-	MaxTransientWait time.Duration
-	// MaxActive caps, per priority, the tasks this process works on at
-	// once (waiting for a slot or for capacity, or calling); a task beyond
-	// it goes back to its queue for SlotBusyDelay instead of holding a
-	// worker goroutine. Without it a flood of LOW tasks would occupy every
-	// goroutine, and a CRITICAL task could not even be dequeued until one
-	// finished. 0 for a priority means no cap.
-	MaxActive map[priority.Priority]int
-	// PaceWait is the longest a request holds its global slot waiting for
-	// its turn in a route's key line (keypool.InLine). Default 2s.
-	PaceWait time.Duration
-	// HoldWait is the longest a request waits for capacity inside the
-	// worker (without a slot) before going back to asynq with a delay.
-	// Default 10s.
-	HoldWait time.Duration
-	// SlotRenew is how often a held slot's lease is renewed while its call
-	// runs; it must be well under the slot lease. Default 10s.
-	SlotRenew time.Duration
-	// SlotBusyDelay before a task turned away by MaxSlotWaiters is taken
-	// again (jittered ±50%). Default 500ms.
-	SlotBusyDelay time.Duration
-}
-
 // Dispatcher handles bulwark:call tasks. It is safe for concurrent use.
 type Dispatcher struct {
 	cfg      Config
@@ -180,30 +136,7 @@ type Deps struct {
 
 // New returns a dispatcher.
 func New(cfg Config, d Deps) *Dispatcher {
-	if cfg.MaxKeyTries == 0 {
-		cfg.MaxKeyTries = 4
-	}
-	if cfg.MinWait == 0 {
-		cfg.MinWait = 100 * time.Millisecond
-	}
-	if cfg.MaxTransientWait == 0 {
-		cfg.MaxTransientWait = 30 * time.Second
-	}
-	if cfg.SlotBusyDelay == 0 {
-		cfg.SlotBusyDelay = 500 * time.Millisecond
-	}
-	if cfg.PaceWait == 0 {
-		cfg.PaceWait = 2 * time.Second
-	}
-	if cfg.HoldWait == 0 {
-		cfg.HoldWait = 10 * time.Second
-	}
-	if cfg.SlotRenew == 0 {
-		cfg.SlotRenew = 10 * time.Second
-	}
-	if cfg.Price == nil {
-		cfg.Price = func(llm.Route) metrics.Price { return metrics.Price{} }
-	}
+	cfg = cfg.WithDefaults()
 	if d.Metrics == nil {
 		d.Metrics = metrics.New(nil)
 	}

@@ -188,25 +188,6 @@ type RateLimiter interface {
 	Allow(ctx context.Context, tenant string, perMinute int) (ok bool, retryAfter time.Duration, err error)
 }
 
-// Config configures intake.
-type Config struct {
-	Routes map[llm.Route]bool
-	// RouteOrder returns the routes a request tries, in order (a routing
-	// rule's first, the asked one, its fallback chain).
-	RouteOrder       func(asked llm.Route, layer string) []llm.Route
-	MaxWait          time.Duration
-	MaxPromptChars   int
-	MaxTokensLimit   int
-	DefaultMaxTokens int
-	Layers           map[string]bool
-	DefaultLayer     string
-	CacheEnabled     bool
-	// AfterStore, when set, runs between storing a request and enqueueing
-	// it; an error stops the submission there, as a crash would. A
-	// failpoint for tests of the orphan sweep; nil in production.
-	AfterStore func(id string) error
-}
-
 // Intake is safe for concurrent use.
 type Intake struct {
 	cfg       Config
@@ -240,6 +221,7 @@ type Deps struct {
 
 // New returns an Intake.
 func New(cfg Config, d Deps) *Intake {
+	cfg = cfg.WithDefaults()
 	if d.Metrics == nil {
 		d.Metrics = metrics.New(nil)
 	}

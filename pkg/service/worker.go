@@ -73,11 +73,8 @@ func (b *Base) azureConfig(name llm.Provider, p config.ProviderCfg) azure.Config
 // Start/Shutdown.
 func (b *Base) Worker(clients map[llm.Provider]llm.Client) (*asynq.Server, *asynq.ServeMux) {
 	cfg := b.Cfg
-	dc := dispatch.Config{
-		Clients: clients, RouteOrder: cfg.RouteOrder, ModelName: cfg.ModelName, Price: cfg.Price,
-		MaxActive: cfg.MaxActive(), PaceWait: cfg.Worker.PaceWait, HoldWait: cfg.Worker.HoldWait,
-		SlotRenew: cfg.Queue.SlotLease / 3,
-	}
+	dc := cfg.DispatchConfig()
+	dc.Clients = clients
 	if b.Compressor != nil {
 		dc.Compress = b.Compressor.Request
 	}
