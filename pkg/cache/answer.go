@@ -26,6 +26,10 @@ type Found struct {
 	Similarity float64
 	Age        time.Duration
 	Answer     Answer
+	// Embedding is the question's vector when the lookup computed one (an
+	// exact miss), hit or miss: the caller keeps it in job.Job.Embedding
+	// for StoreAnswer, so a request is embedded at most once.
+	Embedding []float32
 }
 
 // KeyOf returns the cache key of a request. What is embedded is the last
@@ -49,16 +53,15 @@ func (c *Cache) Ref(j *job.Job) string {
 	return c.Scope(k) + ":" + PromptHash(Normalise(k.Prompt))
 }
 
-// AnswerFor looks up j's answer, exactly then by similarity. The question
-// is embedded only after an exact miss, and the vector is kept in
-// j.Embedding for StoreAnswer after the provider answers: a request is
-// embedded at most once.
+// AnswerFor looks up j's answer, exactly then by similarity, reusing
+// j.Embedding when it has one. The question is embedded only after an
+// exact miss; the vector comes back in Found.Embedding, hit or miss. j is
+// not changed.
 func (c *Cache) AnswerFor(ctx context.Context, j *job.Job) (Found, error) {
 	h, err := c.Lookup(ctx, KeyOf(j), j.Embedding)
-	if h.Embedding != nil {
-		j.Embedding = h.Embedding
-	}
-	return found(h, err)
+	f, ferr := found(h, err)
+	f.Embedding = h.Embedding
+	return f, ferr
 }
 
 // ExactAnswerFor looks up j's exact entry only: one indexed query.

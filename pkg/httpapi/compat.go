@@ -154,7 +154,7 @@ func (s *Server) compat(c *gin.Context, d dialect) {
 	c.Header("X-Bulwark-Request-Id", a.ID)
 	rec, err := s.await(ctx, a)
 	switch {
-	case errors.Is(err, errStillQueued):
+	case errors.Is(err, progress.ErrNotEnded):
 		setRetryAfter(c, s.retryHint(ctx, a))
 		d.fail(c, http.StatusTooManyRequests, "still_queued", fmt.Sprintf(
 			"the request has not finished within %s; resend the same call (it joins request %s and waits for its answer) or fetch it with GET /v1/requests/%s",
@@ -229,77 +229,35 @@ func compatSubmission(c *gin.Context, route llm.Route, req *llm.Request) (intake
 	return sub, nil
 }
 
+// compatSubmitError answers a refused compat submission in d's dialect.
 func (s *Server) compatSubmitError(c *gin.Context, d dialect, err error) {
-	var ie *intake.InputError
-	var full *queue.FullError
-	var rl *intake.RateLimitError
-	var tf *intake.TenantFullError
-	switch {
-	case errors.As(err, &tf):
-		setRetryAfter(c, tf.RetryAfter)
-		d.fail(c, http.StatusTooManyRequests, "tenant_queue_full", tf.Error())
-	case errors.As(err, &ie):
-		status := ie.Status
-		if status == http.StatusUnprocessableEntity {
-			status = http.StatusBadRequest // both SDKs treat 400 as the caller's fault
-		}
-		d.fail(c, status, ie.Code, ie.Error())
-	case errors.As(err, &full):
-		setRetryAfter(c, full.RetryAfter)
-		d.fail(c, http.StatusTooManyRequests, "queue_full", full.Error())
-	case errors.As(err, &rl):
-		setRetryAfter(c, rl.RetryAfter)
-		d.fail(c, http.StatusTooManyRequests, "tenant_rate_limited", rl.Error())
-	default:
-		s.d.Logger.Error("compat submit failed", "err", err)
-		retryLater(c, err)
-		d.fail(c, http.StatusServiceUnavailable, "unavailable", "could not accept the request; retry shortly")
+	r := s.reject(c, err)
+	if r.status == http.StatusUnprocessableEntity {
+		r.status = http.StatusBadRequest // both SDKs treat 400 as the caller's fault
 	}
+	msg := r.msg
+	if r.field != "" {
+		msg = r.field + ": " + msg // the dialects' errors have no field of their own
+	}
+	d.fail(c, r.status, r.code, msg)
 }
 
-var errStillQueued = errors.New("still queued")
-
 // await waits for a request (or the one it coalesced into) to end, up to
-// SyncTimeout, on the hub's events rather than by polling.
+// SyncTimeout (progress.ErrNotEnded after that).
 func (s *Server) await(ctx context.Context, a *intake.Accepted) (*job.Record, error) {
 	if a.Ended != nil {
 		return a.Ended, nil // answered at submission: nothing to wait for or read
 	}
-	follow := a.ID
+	return s.d.Hub.WaitEnd(ctx, followed(a), s.cfg.SyncTimeout, s.d.Jobs)
+}
+
+// followed is the request whose ending answers a: a itself, or the one it
+// coalesced into.
+func followed(a *intake.Accepted) string {
 	if a.CoalescedInto != "" {
-		follow = a.CoalescedInto
+		return a.CoalescedInto
 	}
-	sub := s.d.Hub.Await(follow)
-	defer sub.Close()
-	timer := time.NewTimer(s.cfg.SyncTimeout)
-	defer timer.Stop()
-	for {
-		// The status alone says whether to wait: the whole record (the
-		// request, its embedding, the answer) is read once, at the end.
-		st, err := s.d.Jobs.StatusOf(ctx, follow)
-		if err != nil {
-			return nil, err
-		}
-		if st.Terminal() {
-			return s.d.Jobs.Get(ctx, follow)
-		}
-		// Wait for the ending event (the record is ended before it is
-		// published), or for a resync (events were lost): then the status
-		// again.
-		for waiting := true; waiting; {
-			select {
-			case <-ctx.Done():
-				return nil, ctx.Err()
-			case <-timer.C:
-				return nil, errStillQueued
-			case ev := <-sub.C:
-				if ev.ID != "" && terminal(ev.Type) {
-					return s.d.Jobs.Get(ctx, follow)
-				}
-				waiting = ev.Type != "resync" && !sub.Lagged()
-			}
-		}
-	}
+	return a.ID
 }
 
 // retryHint is when a request that has not ended is worth asking for
@@ -309,10 +267,7 @@ func (s *Server) await(ctx context.Context, a *intake.Accepted) (*job.Record, er
 // after its creation: it has started or failed by then); once it runs,
 // queue.MinRetryAfter.
 func (s *Server) retryHint(ctx context.Context, a *intake.Accepted) time.Duration {
-	follow := a.ID
-	if a.CoalescedInto != "" {
-		follow = a.CoalescedInto
-	}
+	follow := followed(a)
 	sp, err := s.d.Queue.SpotOf(ctx, follow)
 	if err != nil || sp.Position == 0 {
 		return queue.MinRetryAfter

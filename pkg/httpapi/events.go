@@ -72,7 +72,7 @@ func (s *Server) events(c *gin.Context) {
 
 	detached := false // the leader ended for a reason of its own: follow our own events
 	write := func(ev job.Event) bool {
-		if own != rec && !detached && terminal(ev.Type) && ev.RequestID != own.Job.ID && !ev.SharedEnding() {
+		if own != rec && !detached && progress.Ends(ev.Type) && ev.RequestID != own.Job.ID && !ev.SharedEnding() {
 			detached = true
 			return false
 		}
@@ -84,7 +84,7 @@ func (s *Server) events(c *gin.Context) {
 		if ev.ID != "" {
 			last = ev.ID
 		}
-		return terminal(ev.Type)
+		return progress.Ends(ev.Type)
 	}
 	replay := func() bool {
 		evs, err := s.d.Jobs.Events(ctx, follow, last)
@@ -127,7 +127,7 @@ func (s *Server) events(c *gin.Context) {
 		case <-ctx.Done():
 			return
 		case ev := <-ownC:
-			if (detached || terminal(ev.Type)) && write(ev) {
+			if (detached || progress.Ends(ev.Type)) && write(ev) {
 				return
 			}
 		case ev := <-sub.C:
@@ -192,10 +192,6 @@ func (s *Server) vanished(ctx context.Context, id string) (job.Event, bool) {
 		return job.Event{}, false
 	}
 	return job.Event{Type: job.EventFailed, Status: job.StatusFailed, Code: job.CodeLost, Error: job.LostReason, At: time.Now()}, true
-}
-
-func terminal(t job.EventType) bool {
-	return t == job.EventCompleted || t == job.EventFailed || t == job.EventCancelled
 }
 
 func writeSSE(w gin.ResponseWriter, ev job.Event) error {

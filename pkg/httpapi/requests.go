@@ -193,31 +193,59 @@ func retryLater(c *gin.Context, err error) {
 	}
 }
 
-// submitError maps intake errors to HTTP.
-func (s *Server) submitError(c *gin.Context, err error) {
-	var ie *intake.InputError
-	var full *queue.FullError
-	var rl *intake.RateLimitError
-	var tf *intake.TenantFullError
-	switch {
-	case errors.As(err, &ie):
-		apiError(c, ie.Status, ie.Code, ie.Field, ie.Message)
-	case errors.As(err, &tf):
-		setRetryAfter(c, tf.RetryAfter)
-		apiError(c, http.StatusTooManyRequests, "tenant_queue_full", "", tf.Error())
-	case errors.As(err, &full):
-		setRetryAfter(c, full.RetryAfter)
-		c.AbortWithStatusJSON(http.StatusTooManyRequests, gin.H{"error": gin.H{"type": "queue_full",
-			"message": fmt.Sprintf("the queue is full (%d requests waiting); retry after %d seconds", full.Depth, ceilSeconds(full.RetryAfter))},
-			"retry_after_seconds": ceilSeconds(full.RetryAfter)})
-	case errors.As(err, &rl):
-		setRetryAfter(c, rl.RetryAfter)
-		apiError(c, http.StatusTooManyRequests, "tenant_rate_limited", "", rl.Error())
-	default:
-		s.d.Logger.Error("submit failed", "err", err)
-		retryLater(c, err)
-		apiError(c, http.StatusServiceUnavailable, "unavailable", "", "could not accept the request; retry shortly")
+// rejection is how a refused submission is answered, in any dialect: the
+// one map from intake's errors to HTTP.
+type rejection struct {
+	status     int
+	code       string
+	field      string // the request field at fault, when there is one
+	msg        string
+	retryAfter time.Duration // 0: none to give
+	internal   bool          // Bulwark's fault, not the caller's: logged, Retry-After shortly
+}
+
+func rejectionOf(err error) rejection {
+	if ie, ok := errors.AsType[*intake.InputError](err); ok {
+		return rejection{status: ie.Status, code: ie.Code, field: ie.Field, msg: ie.Message}
 	}
+	if tf, ok := errors.AsType[*intake.TenantFullError](err); ok {
+		return rejection{status: http.StatusTooManyRequests, code: "tenant_queue_full", msg: tf.Error(), retryAfter: tf.RetryAfter}
+	}
+	if full, ok := errors.AsType[*queue.FullError](err); ok {
+		return rejection{status: http.StatusTooManyRequests, code: "queue_full", retryAfter: full.RetryAfter,
+			msg: fmt.Sprintf("the queue is full (%d requests waiting); retry after %d seconds", full.Depth, ceilSeconds(full.RetryAfter))}
+	}
+	if rl, ok := errors.AsType[*intake.RateLimitError](err); ok {
+		return rejection{status: http.StatusTooManyRequests, code: "tenant_rate_limited", msg: rl.Error(), retryAfter: rl.RetryAfter}
+	}
+	return rejection{status: http.StatusServiceUnavailable, code: "unavailable", internal: true,
+		msg: "could not accept the request; retry shortly"}
+}
+
+// reject sets a rejection's headers (Retry-After, and the request id of a
+// submission whose fate is unknown) and logs Bulwark's own failures; the
+// caller writes the body in its dialect.
+func (s *Server) reject(c *gin.Context, err error) rejection {
+	r := rejectionOf(err)
+	switch {
+	case r.internal:
+		s.d.Logger.Error("submit failed", "path", c.FullPath(), "err", err)
+		retryLater(c, err)
+	case r.retryAfter > 0:
+		setRetryAfter(c, r.retryAfter)
+	}
+	return r
+}
+
+// submitError answers a refused submission of the native API.
+func (s *Server) submitError(c *gin.Context, err error) {
+	r := s.reject(c, err)
+	if r.code == "queue_full" {
+		c.AbortWithStatusJSON(r.status, gin.H{"error": gin.H{"type": r.code, "message": r.msg},
+			"retry_after_seconds": ceilSeconds(r.retryAfter)})
+		return
+	}
+	apiError(c, r.status, r.code, r.field, r.msg)
 }
 
 func ceilSeconds(d time.Duration) int { return int((d + time.Second - 1) / time.Second) }

@@ -22,6 +22,9 @@ func (in *Intake) fromCache(ctx context.Context, j *job.Job, s Submission) (*Acc
 		return nil, false
 	}
 	hit, err := in.cache.AnswerFor(ctx, j)
+	if hit.Embedding != nil {
+		j.Embedding = hit.Embedding // for the answer's cache entry: embedded once
+	}
 	if err != nil {
 		in.metrics.CacheLookups.WithLabelValues(layer, metrics.CacheResultError).Inc()
 		in.metrics.CacheUnavailable.Inc()

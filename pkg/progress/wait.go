@@ -1,0 +1,58 @@
+package progress
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"bulwark/pkg/job"
+)
+
+// ErrNotEnded is WaitEnd's answer when the request has not ended within
+// the wait: it is still queued or running.
+var ErrNotEnded = errors.New("progress: request has not ended yet")
+
+// Records reads requests' records (the job store).
+type Records interface {
+	StatusOf(ctx context.Context, id string) (job.Status, error)
+	Get(ctx context.Context, id string) (*job.Record, error)
+}
+
+// Ends reports whether an event of type t ends its request.
+func Ends(t job.EventType) bool {
+	return t == job.EventCompleted || t == job.EventFailed || t == job.EventCancelled
+}
+
+// WaitEnd waits up to timeout for request id to end and returns its record,
+// on the hub's events rather than by polling: the status is read once, then
+// again only after a resync (events were lost). The whole record (request,
+// embedding, answer) is read once, at the end. The record is ended before
+// its ending is published, so the event is never ahead of the store.
+func (h *Hub) WaitEnd(ctx context.Context, id string, timeout time.Duration, recs Records) (*job.Record, error) {
+	sub := h.Await(id)
+	defer sub.Close()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	for {
+		st, err := recs.StatusOf(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		if st.Terminal() {
+			return recs.Get(ctx, id)
+		}
+		for waiting := true; waiting; {
+			select {
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-timer.C:
+				return nil, ErrNotEnded
+			case ev := <-sub.C:
+				if ev.ID != "" && Ends(ev.Type) {
+					return recs.Get(ctx, id)
+				}
+				waiting = ev.Type != "resync" && !sub.Lagged()
+			}
+		}
+	}
+}
