@@ -136,24 +136,11 @@ func (c *Client) Complete(ctx context.Context, cred llm.Credential, req *llm.Req
 	h.Set("x-api-key", apiKey.Reveal())
 	h.Set("anthropic-version", c.cfg.Version)
 	h.Set("User-Agent", provider.UserAgent)
-	reply, err := provider.Post(ctx, c.hc, provider.Call{
-		Provider: llm.ProviderClaude,
-		URL:      c.url,
-		Header:   h,
-		Body:     body,
-		Timeout:  c.cfg.Timeout,
+	call := provider.Call{Provider: llm.ProviderClaude, URL: c.url, Header: h, Body: body, Timeout: c.cfg.Timeout}
+	return provider.Do(ctx, c.hc, call, provider.Wire{
+		Failure:   func(r *provider.Reply, now time.Time) error { return errorOf(r, apiKey, now) },
+		RateLimit: func(h http.Header, _ time.Time) llm.RateLimit { return ParseRateLimit(h) },
+		Decode:    DecodeResponse,
+		Redact:    func(msg string) string { return provider.Redact(msg, apiKey) },
 	})
-	if err != nil {
-		return nil, err
-	}
-	now := time.Now()
-	if reply.Status < 200 || reply.Status > 299 {
-		return nil, errorOf(reply, apiKey, now)
-	}
-	rl := ParseRateLimit(reply.Header)
-	resp, err := DecodeResponse(reply.Body)
-	if err != nil {
-		return nil, provider.Unreadable(llm.ProviderClaude, reply, err, apiKey, rl)
-	}
-	return &llm.Result{Response: resp, RateLimit: rl, Latency: reply.Latency}, nil
 }

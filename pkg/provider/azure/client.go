@@ -229,26 +229,14 @@ func (c *Client) Complete(ctx context.Context, cred llm.Credential, req *llm.Req
 	} else {
 		h.Set("api-key", cred.APIKey.Reveal())
 	}
-	reply, err := provider.Post(ctx, c.hc, provider.Call{
-		Provider: c.cfg.Name,
-		URL:      target,
-		Header:   h,
-		Body:     body,
-		Timeout:  c.cfg.Timeout,
+	call := provider.Call{Provider: c.cfg.Name, URL: target, Header: h, Body: body, Timeout: c.cfg.Timeout}
+	// The OpenAI wire, with Azure's error table and rate-limit headers.
+	return provider.Do(ctx, c.hc, call, provider.Wire{
+		Failure:   func(r *provider.Reply, now time.Time) error { return c.failure(r, sent, cred, now) },
+		RateLimit: ParseRateLimit,
+		Decode:    openai.DecodeResponse,
+		Redact:    func(msg string) string { return provider.Redact(msg, sent) },
 	})
-	if err != nil {
-		return nil, err
-	}
-	now := time.Now()
-	if reply.Status < 200 || reply.Status > 299 {
-		return nil, c.failure(reply, sent, cred, now)
-	}
-	rl := ParseRateLimit(reply.Header, now)
-	resp, err := openai.DecodeResponse(reply.Body)
-	if err != nil {
-		return nil, provider.Unreadable(c.cfg.Name, reply, err, sent, rl)
-	}
-	return &llm.Result{Response: resp, RateLimit: rl, Latency: reply.Latency}, nil
 }
 
 // target is the chat completions URL of cred's deployment.

@@ -255,7 +255,7 @@ func (c *Client) Complete(ctx context.Context, cred llm.Credential, req *llm.Req
 	h := http.Header{}
 	h.Set("User-Agent", provider.UserAgent)
 	h.Set("X-Amz-Content-Sha256", payloadHash)
-	reply, err := provider.Post(ctx, c.hc, provider.Call{
+	call := provider.Call{
 		Provider: p,
 		URL:      strings.TrimRight(base, "/") + InvokePath(req.Model),
 		Header:   h,
@@ -264,22 +264,20 @@ func (c *Client) Complete(ctx context.Context, cred llm.Credential, req *llm.Req
 		Sign: func(r *http.Request) error {
 			return c.signer.SignHTTP(r.Context(), creds, r, payloadHash, SigningName, region, time.Now())
 		},
+	}
+	// The Anthropic answer, with Bedrock's error table; no rate-limit
+	// headers.
+	return provider.Do(ctx, c.hc, call, provider.Wire{
+		Failure: func(r *provider.Reply, now time.Time) error {
+			e := errorOf(p, r, creds, req.Model, now)
+			if staleCredentials(e.Code) {
+				cache.Invalidate()
+			}
+			return e
+		},
+		Decode: anthropic.DecodeResponse,
+		Redact: func(msg string) string { return Redact(msg, creds) },
 	})
-	if err != nil {
-		return nil, err
-	}
-	if reply.Status < 200 || reply.Status > 299 {
-		e := errorOf(p, reply, creds, req.Model, time.Now())
-		if staleCredentials(e.Code) {
-			cache.Invalidate()
-		}
-		return nil, e
-	}
-	resp, err := anthropic.DecodeResponse(reply.Body)
-	if err != nil {
-		return nil, &llm.Error{Class: llm.ClassTransient, Provider: p, Status: reply.Status, Message: Redact(err.Error(), creds)}
-	}
-	return &llm.Result{Response: resp, Latency: reply.Latency}, nil
 }
 
 // credentialError is the error of credentials that could not be had: the

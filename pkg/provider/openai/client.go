@@ -42,6 +42,7 @@ import (
 
 	"bulwark/pkg/llm"
 	"bulwark/pkg/provider"
+	"bulwark/pkg/secret"
 )
 
 const (
@@ -144,24 +145,17 @@ func (c *Client) Complete(ctx context.Context, cred llm.Credential, req *llm.Req
 		h.Set("Authorization", "Bearer "+apiKey.Reveal())
 	}
 	h.Set("User-Agent", provider.UserAgent)
-	reply, err := provider.Post(ctx, c.hc, provider.Call{
-		Provider: llm.ProviderOpenAI,
-		URL:      c.url,
-		Header:   h,
-		Body:     body,
-		Timeout:  c.cfg.Timeout,
-	})
-	if err != nil {
-		return nil, err
+	call := provider.Call{Provider: llm.ProviderOpenAI, URL: c.url, Header: h, Body: body, Timeout: c.cfg.Timeout}
+	return provider.Do(ctx, c.hc, call, Wire(apiKey))
+}
+
+// Wire reads Chat Completions replies to a call signed with sent (a key or
+// a token): the OpenAI error table, x-ratelimit-* headers, the answer.
+func Wire(sent secret.String) provider.Wire {
+	return provider.Wire{
+		Failure:   func(r *provider.Reply, now time.Time) error { return ErrorOf(r, sent, now) },
+		RateLimit: ParseRateLimit,
+		Decode:    DecodeResponse,
+		Redact:    func(msg string) string { return provider.Redact(msg, sent) },
 	}
-	now := time.Now()
-	if reply.Status < 200 || reply.Status > 299 {
-		return nil, ErrorOf(reply, apiKey, now)
-	}
-	rl := ParseRateLimit(reply.Header, now)
-	resp, err := DecodeResponse(reply.Body)
-	if err != nil {
-		return nil, provider.Unreadable(llm.ProviderOpenAI, reply, err, apiKey, rl)
-	}
-	return &llm.Result{Response: resp, RateLimit: rl, Latency: reply.Latency}, nil
 }
