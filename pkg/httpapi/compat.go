@@ -51,25 +51,34 @@ type dialect struct {
 	// idPrefix of answer ids: the provider's own id would tell which
 	// provider answered.
 	idPrefix string
-	decode   func(body []byte) (model string, stream bool, req *llm.Request, opts []openai.StreamOption, err error)
+	decode   func(body []byte) (answering, *llm.Request, error)
 	encode   func(resp *llm.Response, model string) ([]byte, error)
-	stream   func(w io.Writer, resp *llm.Response, model string, opts []openai.StreamOption) error
+	stream   func(w io.Writer, resp *llm.Response, a answering) error
 	error    func(status int, code, msg string) []byte
+}
+
+// answering is how a compat call asked to be answered, in any dialect:
+// under the model name it gave, streamed or not, and (OpenAI's
+// stream_options.include_usage) with a usage chunk.
+type answering struct {
+	model  string
+	stream bool
+	usage  bool
 }
 
 var openAIDialect = dialect{
 	name:     "openai",
 	idPrefix: "chatcmpl-",
-	decode: func(body []byte) (string, bool, *llm.Request, []openai.StreamOption, error) {
+	decode: func(body []byte) (answering, *llm.Request, error) {
 		info, req, err := openai.DecodeRequest(body)
 		if err != nil {
-			return "", false, nil, nil, err
+			return answering{}, nil, err
 		}
-		return info.Model, info.Stream, req, []openai.StreamOption{openai.WithUsage(info.IncludeUsage)}, nil
+		return answering{model: info.Model, stream: info.Stream, usage: info.IncludeUsage}, req, nil
 	},
 	encode: openai.EncodeResponse,
-	stream: func(w io.Writer, resp *llm.Response, model string, opts []openai.StreamOption) error {
-		return openai.WriteStream(w, resp, model, opts...)
+	stream: func(w io.Writer, resp *llm.Response, a answering) error {
+		return openai.WriteStream(w, resp, a.model, openai.WithUsage(a.usage))
 	},
 	error: openai.EncodeError,
 }
@@ -77,16 +86,16 @@ var openAIDialect = dialect{
 var anthropicDialect = dialect{
 	name:     "anthropic",
 	idPrefix: "msg_",
-	decode: func(body []byte) (string, bool, *llm.Request, []openai.StreamOption, error) {
+	decode: func(body []byte) (answering, *llm.Request, error) {
 		info, req, err := anthropic.DecodeRequest(body)
 		if err != nil {
-			return "", false, nil, nil, err
+			return answering{}, nil, err
 		}
-		return info.Model, info.Stream, req, nil, nil
+		return answering{model: info.Model, stream: info.Stream}, req, nil
 	},
 	encode: anthropic.EncodeResponse,
-	stream: func(w io.Writer, resp *llm.Response, model string, _ []openai.StreamOption) error {
-		return anthropic.WriteStream(w, resp, model)
+	stream: func(w io.Writer, resp *llm.Response, a answering) error {
+		return anthropic.WriteStream(w, resp, a.model)
 	},
 	error: anthropic.EncodeError,
 }
@@ -120,11 +129,12 @@ func (s *Server) compat(c *gin.Context, d dialect) {
 		d.fail(c, http.StatusBadRequest, "invalid_body", "could not read the request body")
 		return
 	}
-	model, streaming, req, opts, err := d.decode(body)
+	ans, req, err := d.decode(body)
 	if err != nil {
 		d.fail(c, http.StatusBadRequest, "invalid_request", err.Error())
 		return
 	}
+	model := ans.model
 	route, ok := s.d.Models.Resolve(model)
 	if !ok {
 		d.fail(c, http.StatusNotFound, "model_not_found", fmt.Sprintf("unknown model %q", model))
@@ -189,7 +199,7 @@ func (s *Server) compat(c *gin.Context, d dialect) {
 			s.d.Logger.Warn("compat: unjoin", "request_id", a.ID, "err", err)
 		}
 	}
-	s.compatAnswer(c, d, rec, model, streaming, opts)
+	s.compatAnswer(c, d, rec, ans)
 }
 
 // compatSubmission reads Bulwark's headers.
@@ -291,7 +301,7 @@ func setRetryAfter(c *gin.Context, d time.Duration) {
 	c.Header("Retry-After-Ms", strconv.FormatInt(d.Milliseconds(), 10))
 }
 
-func (s *Server) compatAnswer(c *gin.Context, d dialect, rec *job.Record, model string, streaming bool, opts []openai.StreamOption) {
+func (s *Server) compatAnswer(c *gin.Context, d dialect, rec *job.Record, ans answering) {
 	st := rec.State
 	if rec.Status != job.StatusCompleted || st.Result == nil {
 		status, code := failureStatus(rec)
@@ -305,17 +315,17 @@ func (s *Server) compatAnswer(c *gin.Context, d dialect, rec *job.Record, model 
 	c.Header("X-Bulwark-Cache", string(st.Cached.OrNone()))
 	resp := *st.Result
 	resp.ID = d.idPrefix + rec.Job.ID
-	if streaming {
+	if ans.stream {
 		c.Header("Content-Type", "text/event-stream")
 		c.Header("Cache-Control", "no-cache")
 		c.Status(http.StatusOK)
-		if err := d.stream(c.Writer, &resp, model, opts); err != nil {
+		if err := d.stream(c.Writer, &resp, ans); err != nil {
 			s.d.Logger.Warn("compat: stream", "err", err)
 		}
 		c.Writer.Flush()
 		return
 	}
-	body, err := d.encode(&resp, model)
+	body, err := d.encode(&resp, ans.model)
 	if err != nil {
 		d.fail(c, http.StatusInternalServerError, "encode_failed", "could not encode the answer")
 		return
