@@ -196,6 +196,16 @@ func (s *server) giveUp(t *testing.T, body string) string {
 	if err := <-gaveUp; err == nil {
 		t.Fatal("the abandoned call was answered")
 	}
+	// The client knows at once, the server when it next reads the
+	// connection: until its handler stops waiting, an answer arriving
+	// would still be delivered (and the request unjoined).
+	deadline := time.Now().Add(10 * time.Second)
+	for s.hub.Follows(id) {
+		if time.Now().After(deadline) {
+			t.Fatal("the server never noticed the caller gave up")
+		}
+		time.Sleep(time.Millisecond)
+	}
 	return id
 }
 

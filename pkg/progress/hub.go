@@ -196,8 +196,9 @@ func (s *Sub) Close() {
 // subscriber; it must then replay from the store.
 func (s *Sub) Lagged() bool { return s.lagged.Swap(false) }
 
-// follows reports whether request id has a subscriber here.
-func (h *Hub) follows(id string) bool {
+// Follows reports whether request id has a subscriber in this process
+// (an event stream, a waiting compat caller).
+func (h *Hub) Follows(id string) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return len(h.subs[id]) > 0
@@ -332,7 +333,7 @@ func (h *Hub) receive(m any, live *liveness) {
 		// Every API process hears every event of the fleet; most are for
 		// requests nobody here follows, so the id is looked up before the
 		// event is decoded.
-		if id, _, _ := strings.Cut(m.Payload, " "); !h.follows(id) {
+		if id, _, _ := strings.Cut(m.Payload, " "); !h.Follows(id) {
 			return
 		}
 		id, ev, err := job.ParseMessage(m.Payload)
