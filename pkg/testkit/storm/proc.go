@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -18,6 +17,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"bulwark/pkg/testkit/ports"
 )
 
 // stopGrace is how long a process has between SIGTERM and SIGKILL.
@@ -131,14 +132,14 @@ func tailFile(path string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+// freePort returns a TCP port on 127.0.0.1 that was free a moment ago,
+// outside the ephemeral range (pkg/testkit/ports says why).
 func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	p, err := ports.One()
 	if err != nil {
 		return 0, fmt.Errorf("storm: free port: %w", err)
 	}
-	defer func() { _ = l.Close() }()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return p, nil
 }
 
 // errExited is the cause when a process exits while being waited for.

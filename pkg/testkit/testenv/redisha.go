@@ -25,6 +25,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"bulwark/pkg/testkit/ports"
 	"bulwark/pkg/testkit/redisha"
 )
 
@@ -84,24 +85,13 @@ func (s *server) kill(sig os.Signal) {
 	}
 }
 
-// freePorts asks the OS for n distinct free loopback ports.
+// freePorts returns n distinct free loopback ports (pkg/testkit/ports).
 func freePorts(n int) ([]int, error) {
-	var ports []int
-	var lns []net.Listener
-	defer func() {
-		for _, l := range lns {
-			l.Close()
-		}
-	}()
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, fmt.Errorf("testenv: free port: %w", err)
-		}
-		lns = append(lns, l)
-		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
+	p, err := ports.Free(n)
+	if err != nil {
+		return nil, fmt.Errorf("testenv: %w", err)
 	}
-	return ports, nil
+	return p, nil
 }
 
 // poll is redisha.Poll with this package's name on its error.
