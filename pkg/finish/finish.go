@@ -177,16 +177,9 @@ func (f *Finisher) EndUnstored(ctx context.Context, j *job.Job, e Ending) (*job.
 	return rec, nil
 }
 
-// keep is how long j's record stays once ended: EndedEventsTTL when its
-// caller took the answer in its response and has no key to ask for it
-// again (GET by id reads history after), the store's result TTL
-// otherwise.
-func keep(j job.Job) time.Duration {
-	if j.Answered {
-		return job.EndedEventsTTL
-	}
-	return 0
-}
+// keep is how long j's record stays once ended: what intake decided
+// (job.Job.KeepEnded), 0 for the store's result TTL.
+func keep(j job.Job) time.Duration { return j.KeepEnded }
 
 // errNotCreated stops FinishNew after its write when the idempotency key
 // named an earlier request: nothing of j's was stored to account for.

@@ -323,14 +323,14 @@ func TestEndUnstored(t *testing.T) {
 }
 
 // A request whose caller took the answer in its response, with no key to
-// ask again (job.Job.Answered), keeps its ended record only
+// ask again (job.Job.KeepEnded set by intake), keeps its ended record only
 // job.EndedEventsTTL; any other keeps it the store's result TTL. Its
 // ending names its join key, which then goes with the record.
 func TestEndingKeepsAnAnsweredRecordBriefly(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	answered, other := record("a1"), record("a2")
-	answered.Job.Answered, answered.Job.JoinKey = true, "k1"
+	answered.Job.KeepEnded, answered.Job.JoinKey = job.EndedEventsTTL, "k1"
 	for _, rec := range []*job.Record{answered, other} {
 		if err := b.f.Finish(context.Background(), rec, Failed(rec.State, job.CodeNoRoute, "none")); err != nil {
 			t.Fatal(err)

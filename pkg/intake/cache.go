@@ -35,7 +35,7 @@ func (in *Intake) fromCache(ctx context.Context, j *job.Job, s Submission) (*Acc
 		return nil, false
 	}
 	in.metrics.CacheLookups.WithLabelValues(layer, string(hit.Kind)).Inc()
-	if j.Answered {
+	if s.answeredInResponse() {
 		// A compat caller has the answer in this response and nothing to
 		// find it by again but its id, which history answers: no live
 		// record, no Redis round trip (6 commands a hit before).

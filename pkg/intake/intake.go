@@ -61,6 +61,11 @@ type Submission struct {
 	Waited bool
 }
 
+// answeredInResponse reports whether the caller takes the answer in its
+// response and has no Idempotency-Key to ask for it again (a compat call):
+// once ended, only GET by id, which history answers, looks for it.
+func (s Submission) answeredInResponse() bool { return s.Waited && s.IdempotencyKey == "" }
+
 // Accepted is the answer to a submission.
 type Accepted struct {
 	ID       string

@@ -88,7 +88,7 @@ func TestSubmitQueued(t *testing.T) {
 	rec := r.jobs.record(t, a.ID)
 	j := rec.Job
 	if j.Tenant != "demo" || j.Request.MaxTokens != 1024 || j.Layer != "router" || j.CacheKey != "demo|claude/sonnet|q" ||
-		!j.CacheRead || !j.CacheWrite || j.Deadline.Sub(j.CreatedAt) != time.Minute || j.Answered {
+		!j.CacheRead || !j.CacheWrite || j.Deadline.Sub(j.CreatedAt) != time.Minute || j.KeepEnded != 0 {
 		t.Fatalf("stored job %+v", j)
 	}
 	if got := r.history.rows(); len(got) != 1 || got[0] != a.ID+" queued none" {
@@ -114,11 +114,11 @@ func TestSubmitQueued(t *testing.T) {
 	}
 	// A caller that waits for the answer with no Idempotency-Key (a compat
 	// call) takes it in its response: its record need not outlive the end.
-	for key, want := range map[string]bool{"": true, "k-answered": false} {
+	for key, want := range map[string]time.Duration{"": job.EndedEventsTTL, "k-answered": 0} {
 		w := ask("waited " + key)
 		w.Waited, w.IdempotencyKey = true, key
-		if got := r.jobs.record(t, r.submit(t, demo, w).ID).Job.Answered; got != want {
-			t.Fatalf("waited with key %q: Answered %v, want %v", key, got, want)
+		if got := r.jobs.record(t, r.submit(t, demo, w).ID).Job.KeepEnded; got != want {
+			t.Fatalf("waited with key %q: KeepEnded %s, want %s", key, got, want)
 		}
 	}
 }

@@ -177,7 +177,10 @@ func (in *Intake) build(t Tenant, s Submission) (*job.Job, error) {
 		ID: job.NewID(now), Tenant: t.Name, Priority: p, Route: s.Route, Request: req, CaseID: s.CaseID, Layer: layer,
 		ToolResultsHash: s.ToolResultsHash, Metadata: s.Metadata,
 		CacheRead: !s.NoCacheRead, CacheWrite: !s.NoCacheWrite, NoCompress: s.NoCompress,
-		CreatedAt: now, Deadline: now.Add(in.cfg.MaxWait), Answered: s.Waited && s.IdempotencyKey == "",
+		CreatedAt: now, Deadline: now.Add(in.cfg.MaxWait),
+	}
+	if s.answeredInResponse() {
+		j.KeepEnded = job.EndedEventsTTL
 	}
 	if j.ToolResultsHash == "" {
 		j.ToolResultsHash = ToolResultsHash(req)
@@ -185,7 +188,7 @@ func (in *Intake) build(t Tenant, s Submission) (*job.Job, error) {
 	if in.cache != nil && in.cfg.CacheEnabled {
 		j.CacheKey = in.cache.Ref(j)
 	}
-	if j.Answered {
+	if s.answeredInResponse() {
 		j.JoinKey = joinKey(j) // a compat call without a key: join.go
 	}
 	return j, nil

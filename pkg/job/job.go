@@ -104,11 +104,12 @@ type Job struct {
 	// Deadline is when a request that has not started fails
 	// (created_at + queue_max_wait).
 	Deadline time.Time `json:"deadline"`
-	// Answered says the caller takes the answer in its response (a compat
-	// call) and gave no Idempotency-Key: nothing will look for its record
-	// once it has ended but by id, which history answers, so the record
-	// is kept only EndedEventsTTL after the end (finish, Change.Keep).
-	Answered bool `json:"answered,omitempty"`
+	// KeepEnded is how long the record stays once ended (Change.Keep);
+	// 0: the store's result TTL. Intake sets EndedEventsTTL for a caller
+	// that takes the answer in its response without an Idempotency-Key (a
+	// compat call): nothing will look for the record but by id, which
+	// history answers.
+	KeepEnded time.Duration `json:"keep_ended,omitempty"`
 	// JoinKey names what the request asked, for a compat call without an
 	// Idempotency-Key (intake computes it from the tenant and the whole
 	// request, cache settings included): a resend of it — an SDK's

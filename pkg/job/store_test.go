@@ -255,7 +255,7 @@ func TestJoinKey(t *testing.T) {
 	s := job.NewStore(rdb, "b:", time.Hour)
 	withKey := func(id string) *job.Job {
 		j := newJob(id)
-		j.JoinKey, j.Answered = "k1", true
+		j.JoinKey, j.KeepEnded = "k1", job.EndedEventsTTL
 		return j
 	}
 	if id, err := s.Joinable(ctx, "k1"); err != nil || id != "" {
