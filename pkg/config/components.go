@@ -119,7 +119,8 @@ func (c *Config) EmbedConfig() embed.Config {
 func (c *Config) HTTPConfig() httpapi.Config {
 	s := c.Server
 	return httpapi.Config{AdminApart: s.AdminListen != "", AdminToken: s.AdminToken, MaxBodyBytes: s.MaxBodyBytes,
-		MaxWait: c.Queue.MaxWait, SyncTimeout: s.SyncTimeout, WriteTimeout: s.WriteTimeout, StreamMaxLifetime: s.StreamMaxLifetime}
+		MaxWait: c.Queue.MaxWait, SyncTimeout: s.SyncTimeout, WriteTimeout: s.WriteTimeout, StreamMaxLifetime: s.StreamMaxLifetime,
+		KeepAlive: s.StreamKeepAlive}
 }
 
 // KeyCapacity is the requests per second all metered keys together carry

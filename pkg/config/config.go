@@ -127,6 +127,11 @@ type Server struct {
 	// StreamMaxLifetime ends an SSE stream after this long; the client
 	// reconnects with Last-Event-ID and misses nothing. Default 15m.
 	StreamMaxLifetime time.Duration `yaml:"stream_max_lifetime"`
+	// StreamKeepAlive is how often an SSE stream with nothing to say sends
+	// a comment line (which clients skip), so that proxies with an idle
+	// timeout do not cut it: event streams, and a streaming compat call
+	// while it waits for its answer. Default 15s.
+	StreamKeepAlive time.Duration `yaml:"stream_keepalive"`
 	// AdminQueuesWritable lets the asynqmon dashboard at /admin/queues
 	// delete, archive and run tasks and pause queues. Default false: view
 	// only.

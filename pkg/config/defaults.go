@@ -33,6 +33,7 @@ const (
 	MaxHeaderBytesDefault        = 64 << 10
 	WriteTimeoutDefault          = httpapi.WriteTimeoutDefault
 	StreamMaxLifetimeDefault     = httpapi.StreamMaxLifetimeDefault
+	StreamKeepAliveDefault       = httpapi.KeepAliveDefault
 	RedisAddrDefault             = "127.0.0.1:16379"
 	RedisPrefixDefault           = queue.PrefixDefault
 	PGMaxConnsDefault            = 10
@@ -118,6 +119,7 @@ func (c *Config) setDefaults() {
 	orDefault(&s.MaxHeaderBytes, MaxHeaderBytesDefault)
 	orDefault(&s.WriteTimeout, WriteTimeoutDefault)
 	orDefault(&s.StreamMaxLifetime, StreamMaxLifetimeDefault)
+	orDefault(&s.StreamKeepAlive, StreamKeepAliveDefault)
 
 	if c.Redis.Mode == "" || c.Redis.Mode == redisconn.ModeStandalone {
 		orDefault(&c.Redis.Addr, RedisAddrDefault) // the other modes name no one server

@@ -404,6 +404,7 @@ func (c *Config) validateLimits(add func(field, format string, args ...any)) {
 		{"server.sync_timeout", int64(s.SyncTimeout)}, {"server.result_ttl", int64(s.ResultTTL)},
 		{"server.read_header_timeout", int64(s.ReadHeaderTimeout)}, {"server.read_timeout", int64(s.ReadTimeout)},
 		{"server.write_timeout", int64(s.WriteTimeout)}, {"server.stream_max_lifetime", int64(s.StreamMaxLifetime)},
+		{"server.stream_keepalive", int64(s.StreamKeepAlive)},
 		{"worker.task_check_interval", int64(w.TaskCheckInterval)},
 		{"worker.delayed_task_check_interval", int64(w.DelayedTaskCheckInterval)},
 		{"queue.slot_lease", int64(q.SlotLease)},

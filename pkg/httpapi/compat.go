@@ -55,6 +55,10 @@ type dialect struct {
 	encode   func(resp *llm.Response, model string) ([]byte, error)
 	stream   func(w io.Writer, resp *llm.Response, a answering) error
 	error    func(status int, code, msg string) []byte
+	// event is the SSE event name of an error inside a stream ("" for a
+	// bare data line): OpenAI sends its error object as data mid-stream,
+	// Anthropic an "error" event.
+	event string
 }
 
 // answering is how a compat call asked to be answered, in any dialect:
@@ -98,6 +102,7 @@ var anthropicDialect = dialect{
 		return anthropic.WriteStream(w, resp, a.model)
 	},
 	error: anthropic.EncodeError,
+	event: "error",
 }
 
 func openAIError(c *gin.Context, status int, code, msg string) {
@@ -114,8 +119,25 @@ func (s *Server) openAIChat(c *gin.Context)        { s.compat(c, openAIDialect) 
 func (s *Server) anthropicMessages(c *gin.Context) { s.compat(c, anthropicDialect) }
 
 func (d dialect) fail(c *gin.Context, status int, code, msg string) {
+	if c.Writer.Written() {
+		// A stream already under way (its headers went out while the
+		// request waited): the error ends it, as the provider's own
+		// streams end on an error.
+		d.failStream(c.Writer, status, code, msg)
+		c.Abort()
+		return
+	}
 	c.Data(status, "application/json", d.error(status, code, msg))
 	c.Abort()
+}
+
+// failStream writes an error as the dialect's streams carry one.
+func (d dialect) failStream(w gin.ResponseWriter, status int, code, msg string) {
+	if d.event != "" {
+		_, _ = fmt.Fprintf(w, "event: %s\n", d.event)
+	}
+	_, _ = fmt.Fprintf(w, "data: %s\n\n", d.error(status, code, msg))
+	w.Flush()
 }
 
 func (s *Server) compat(c *gin.Context, d dialect) {
@@ -162,10 +184,17 @@ func (s *Server) compat(c *gin.Context, d dialect) {
 	}
 	c.Set(ctxRequestID, a.ID)
 	c.Header("X-Bulwark-Request-Id", a.ID)
-	rec, err := s.await(ctx, a)
+	var rec *job.Record
+	if ans.stream && a.Ended == nil {
+		rec, err = s.awaitStreaming(c, a)
+	} else {
+		rec, err = s.await(ctx, a)
+	}
 	switch {
 	case errors.Is(err, progress.ErrNotEnded):
-		setRetryAfter(c, s.retryHint(ctx, a))
+		if !c.Writer.Written() {
+			setRetryAfter(c, s.retryHint(ctx, a))
+		}
 		d.fail(c, http.StatusTooManyRequests, "still_queued", fmt.Sprintf(
 			"the request has not finished within %s; resend the same call (it joins request %s and waits for its answer) or fetch it with GET /v1/requests/%s",
 			s.cfg.SyncTimeout, a.ID, a.ID))
@@ -261,6 +290,41 @@ func (s *Server) await(ctx context.Context, a *intake.Accepted) (*job.Record, er
 	return s.d.Hub.WaitEnd(ctx, followed(a), s.cfg.SyncTimeout, s.d.Jobs)
 }
 
+// awaitStreaming is await for a streaming call: the stream's headers go
+// out at once and a comment line every KeepAlive while the request waits
+// (the SDKs skip comments), so that no proxy's idle timeout cuts a call
+// that is queued or waiting for a key. Which provider answered and
+// whether the cache did are then sent as trailers (X-Bulwark-Provider,
+// X-Bulwark-Model-Tier, X-Bulwark-Cache), the headers being gone.
+func (s *Server) awaitStreaming(c *gin.Context, a *intake.Accepted) (*job.Record, error) {
+	w := c.Writer
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	h.Set("Trailer", "X-Bulwark-Provider, X-Bulwark-Model-Tier, X-Bulwark-Cache")
+	w.WriteHeader(http.StatusOK)
+	w.Flush()
+	rc := http.NewResponseController(w)
+	ctx := c.Request.Context()
+	end := time.Now().Add(s.cfg.SyncTimeout)
+	for {
+		wait := min(s.cfg.KeepAlive, time.Until(end))
+		if wait <= 0 {
+			return nil, progress.ErrNotEnded
+		}
+		rec, err := s.d.Hub.WaitEnd(ctx, followed(a), wait, s.d.Jobs)
+		if !errors.Is(err, progress.ErrNotEnded) {
+			return rec, err
+		}
+		_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+		if _, err := fmt.Fprint(w, ": waiting\n\n"); err != nil {
+			return nil, err
+		}
+		w.Flush()
+	}
+}
+
 // followed is the request whose ending answers a: a itself, or the one it
 // coalesced into.
 func followed(a *intake.Accepted) string {
@@ -316,9 +380,12 @@ func (s *Server) compatAnswer(c *gin.Context, d dialect, rec *job.Record, ans an
 	resp := *st.Result
 	resp.ID = d.idPrefix + rec.Job.ID
 	if ans.stream {
-		c.Header("Content-Type", "text/event-stream")
-		c.Header("Cache-Control", "no-cache")
-		c.Status(http.StatusOK)
+		if !c.Writer.Written() {
+			c.Header("Content-Type", "text/event-stream")
+			c.Header("Cache-Control", "no-cache")
+			c.Status(http.StatusOK)
+		}
+		_ = http.NewResponseController(c.Writer).SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
 		if err := d.stream(c.Writer, &resp, ans); err != nil {
 			s.d.Logger.Warn("compat: stream", "err", err)
 		}

@@ -1,7 +1,9 @@
 package httpapi_test
 
 import (
+	"bufio"
 	"context"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -255,5 +257,110 @@ func TestCompatResendJoins(t *testing.T) {
 	case extra := <-s.queue.enqueued:
 		t.Fatalf("the resend after the end was enqueued as %s", extra)
 	default:
+	}
+}
+
+// sseLines reads an event stream line by line as it arrives.
+func sseLines(t *testing.T, body io.Reader) <-chan string {
+	t.Helper()
+	out := make(chan string, 64)
+	go func() {
+		defer close(out)
+		sc := bufio.NewScanner(body)
+		for sc.Scan() {
+			out <- sc.Text()
+		}
+	}()
+	return out
+}
+
+// nextLine returns the next line of the stream, failing after 10 s.
+func nextLine(t *testing.T, lines <-chan string) string {
+	t.Helper()
+	select {
+	case l, ok := <-lines:
+		if !ok {
+			t.Fatal("the stream ended")
+		}
+		return l
+	case <-time.After(10 * time.Second):
+		t.Fatal("no line within 10s")
+		return ""
+	}
+}
+
+// A streaming compat call that has to wait gets its headers at once and a
+// comment line every KeepAlive while it waits (proxies would cut an idle
+// connection; the SDKs skip comments). Its answer follows as the dialect's
+// events, with the provider and cache headers as trailers; a failure ends
+// the stream with the dialect's error event, since the status is gone.
+func TestCompatStreamWaitsInTheOpen(t *testing.T) {
+	t.Parallel()
+	s := newServer(t, func(su *setup) { su.cfg.KeepAlive = 20 * time.Millisecond })
+	for _, tc := range []struct {
+		name, path, body string
+		fail             bool
+		want             []string // what must follow the waiting comments, in order
+	}{
+		{"openai answer", "/v1/chat/completions", `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"wait a"}]}`,
+			false, []string{`"content":"the answer"`, "data: [DONE]"}},
+		{"anthropic answer", "/v1/messages", `{"model":"claude-sonnet","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"wait b"}]}`,
+			false, []string{"event: message_start", `"text":"the answer"`, "event: message_stop"}},
+		{"openai failure", "/v1/chat/completions", `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"wait c"}]}`,
+			true, []string{`data: {"error":{`}},
+		{"anthropic failure", "/v1/messages", `{"model":"claude-sonnet","max_tokens":64,"stream":true,"messages":[{"role":"user","content":"wait d"}]}`,
+			true, []string{"event: error", `data: {"type":"error","error":{`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, err := http.NewRequest("POST", s.url+tc.path, strings.NewReader(tc.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			req.Header.Set("Authorization", "Bearer "+tokAcme)
+			resp, err := http.DefaultClient.Do(req) // returns once the headers are in
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			id := s.enqueuedID(t)
+			if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") ||
+				resp.Header.Get("X-Bulwark-Request-Id") != id {
+				t.Fatalf("headers before the answer: %d %v", resp.StatusCode, resp.Header)
+			}
+			lines := sseLines(t, resp.Body)
+			if l := nextLine(t, lines); l != ": waiting" {
+				t.Fatalf("first line %q, want the waiting comment", l)
+			}
+			if tc.fail {
+				rec, err := s.jobs.Get(context.Background(), id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := (memFinisher{s.jobs}).Finish(context.Background(), rec, finish.Failed(job.State{}, job.CodeProviderError, "400 from upstream")); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				s.jobs.complete(t, id, "the answer")
+			}
+			var got []string
+			for _, want := range tc.want { // in order, whatever comes between
+				for {
+					l := nextLine(t, lines)
+					got = append(got, l)
+					if strings.Contains(l, want) {
+						break
+					}
+				}
+			}
+			for l := range lines {
+				got = append(got, l)
+			}
+			if body := strings.Join(got, "\n"); strings.Contains(body, "400 from upstream") {
+				t.Fatalf("the operators' detail reached the tenant: %s", body)
+			}
+			if !tc.fail && (resp.Trailer.Get("X-Bulwark-Cache") != "none" || resp.Trailer.Get("X-Bulwark-Provider") != string(sonnet.Provider)) {
+				t.Fatalf("trailers %v", resp.Trailer)
+			}
+		})
 	}
 }

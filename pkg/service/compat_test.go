@@ -192,3 +192,47 @@ func TestCompatSyncTimeout(t *testing.T) {
 		t.Fatalf("fetched %v", res)
 	}
 }
+
+// A streamed call that has to wait gets its headers at once and comment
+// lines while it waits; the official SDKs' streaming helpers skip them
+// and accumulate the answer, and the provider and cache headers come as
+// trailers.
+func TestSDKStreamsAWaitedAnswer(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{extraYML: "cache: {enabled: false}", mock: mockprovider.Config{Latency: 300 * time.Millisecond}})
+	s.cfg.Server.StreamKeepAlive = 20 * time.Millisecond
+	api := s.startAPI()
+	s.startWorker()
+	ctx := context.Background()
+
+	body := `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"raw stream"}]}`
+	resp, raw := send(t, "POST", api.ts.URL+"/v1/chat/completions", body, "Authorization", "Bearer "+devToken)
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(raw), ": waiting\n\n") ||
+		!strings.HasSuffix(string(raw), "data: [DONE]\n\n") || resp.Trailer.Get("X-Bulwark-Provider") != "openai" {
+		t.Fatalf("raw stream: %d %v trailers %v\n%s", resp.StatusCode, resp.Header, resp.Trailer, raw)
+	}
+
+	oc := openAIAt(api, devToken)
+	stream := oc.Chat.Completions.NewStreaming(ctx, openai.ChatCompletionNewParams{Model: "gpt-4o",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage("openai stream while waiting")}})
+	oacc := openai.ChatCompletionAccumulator{}
+	for stream.Next() {
+		oacc.AddChunk(stream.Current())
+	}
+	if err := stream.Err(); err != nil || oacc.Choices[0].Message.Content != mockprovider.Reply("openai stream while waiting") {
+		t.Fatalf("openai-go: %v %+v", err, oacc.Choices)
+	}
+
+	ac := anthropicAt(api, devToken)
+	astream := ac.Messages.NewStreaming(ctx, anthropic.MessageNewParams{Model: "claude/sonnet", MaxTokens: 300,
+		Messages: []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("anthropic stream while waiting"))}})
+	var aacc anthropic.Message
+	for astream.Next() {
+		if err := aacc.Accumulate(astream.Current()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := astream.Err(); err != nil || aacc.Content[0].Text != mockprovider.Reply("anthropic stream while waiting") {
+		t.Fatalf("anthropic-sdk-go: %v %+v", err, aacc.Content)
+	}
+}

@@ -351,6 +351,11 @@ func (d *apiDoc) checkAnswer(t *testing.T, op string, resp *http.Response) map[s
 		hd := d.resolve(t, h)
 		v := resp.Header.Get(name)
 		if v == "" {
+			// A streamed answer that waited sends these as trailers (its
+			// headers went out before the answer); send read the body.
+			v = resp.Trailer.Get(name)
+		}
+		if v == "" {
 			if hd["required"] == true {
 				t.Errorf("%s %d: no %s header", op, resp.StatusCode, name)
 			}
