@@ -287,7 +287,7 @@ func (s *Server) await(ctx context.Context, a *intake.Accepted) (*job.Record, er
 	if a.Ended != nil {
 		return a.Ended, nil // answered at submission: nothing to wait for or read
 	}
-	return s.d.Hub.WaitEnd(ctx, followed(a), s.cfg.SyncTimeout, s.d.Jobs)
+	return s.d.Hub.WaitEnd(ctx, followed(a), s.cfg.SyncTimeout, s.d.Jobs, progress.Idle{})
 }
 
 // awaitStreaming is await for a streaming call: the stream's headers go
@@ -298,31 +298,20 @@ func (s *Server) await(ctx context.Context, a *intake.Accepted) (*job.Record, er
 // X-Bulwark-Model-Tier, X-Bulwark-Cache), the headers being gone.
 func (s *Server) awaitStreaming(c *gin.Context, a *intake.Accepted) (*job.Record, error) {
 	w := c.Writer
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
-	h.Set("Trailer", "X-Bulwark-Provider, X-Bulwark-Model-Tier, X-Bulwark-Cache")
-	w.WriteHeader(http.StatusOK)
+	w.Header().Set("Trailer", "X-Bulwark-Provider, X-Bulwark-Model-Tier, X-Bulwark-Cache")
+	startSSE(w)
 	w.Flush()
 	rc := http.NewResponseController(w)
-	ctx := c.Request.Context()
-	end := time.Now().Add(s.cfg.SyncTimeout)
-	for {
-		wait := min(s.cfg.KeepAlive, time.Until(end))
-		if wait <= 0 {
-			return nil, progress.ErrNotEnded
-		}
-		rec, err := s.d.Hub.WaitEnd(ctx, followed(a), wait, s.d.Jobs)
-		if !errors.Is(err, progress.ErrNotEnded) {
-			return rec, err
-		}
+	keepAlive := func() error {
 		_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
 		if _, err := fmt.Fprint(w, ": waiting\n\n"); err != nil {
-			return nil, err
+			return err
 		}
 		w.Flush()
+		return nil
 	}
+	return s.d.Hub.WaitEnd(c.Request.Context(), followed(a), s.cfg.SyncTimeout, s.d.Jobs,
+		progress.Idle{Every: s.cfg.KeepAlive, Do: keepAlive})
 }
 
 // followed is the request whose ending answers a: a itself, or the one it
@@ -381,9 +370,7 @@ func (s *Server) compatAnswer(c *gin.Context, d dialect, rec *job.Record, ans an
 	resp.ID = d.idPrefix + rec.Job.ID
 	if ans.stream {
 		if !c.Writer.Written() {
-			c.Header("Content-Type", "text/event-stream")
-			c.Header("Cache-Control", "no-cache")
-			c.Status(http.StatusOK)
+			startSSE(c.Writer)
 		}
 		_ = http.NewResponseController(c.Writer).SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
 		if err := d.stream(c.Writer, &resp, ans); err != nil {

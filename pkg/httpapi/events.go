@@ -61,12 +61,7 @@ func (s *Server) events(c *gin.Context) {
 	}
 
 	w := c.Writer
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("Connection", "keep-alive")
-	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
+	startSSE(w)
 	rc := http.NewResponseController(w)
 	deadline := func() { _ = rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout)) }
 
@@ -192,6 +187,18 @@ func (s *Server) vanished(ctx context.Context, id string) (job.Event, bool) {
 		return job.Event{}, false
 	}
 	return job.Event{Type: job.EventFailed, Status: job.StatusFailed, Code: job.CodeLost, Error: job.LostReason, At: time.Now()}, true
+}
+
+// startSSE sends the headers of an event stream: no caching, and no
+// buffering by a proxy (nginx's X-Accel-Buffering), so each event goes out
+// as written.
+func startSSE(w gin.ResponseWriter) {
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("Connection", "keep-alive")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
 }
 
 func writeSSE(w gin.ResponseWriter, ev job.Event) error {
