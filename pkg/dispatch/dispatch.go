@@ -208,6 +208,12 @@ func (d *Dispatcher) ProcessTask(ctx context.Context, t *asynq.Task) error {
 	if rec.Status.Terminal() {
 		return nil
 	}
+	if rec.State.Streamed {
+		// Its worker stopped while the answer streamed (stream.go): the
+		// caller holds part of it, and a new call would write another.
+		return d.fail(ctx, rec, job.CodeInterrupted,
+			"stream_interrupted: the worker streaming its answer stopped before the end", log)
+	}
 	if time.Now().After(rec.Job.Deadline) {
 		return d.fail(ctx, rec, job.CodeDeadline, deadlineReason(rec, "before it could start"), log)
 	}

@@ -247,8 +247,11 @@ func (d *Dispatcher) callRoute(ctx context.Context, rec *job.Record, r llm.Route
 			return outcome{}, routeCancelled
 		}
 		start := time.Now()
-		res, err := d.callKey(ctx, client, lease, permit, &req)
+		res, streamed, err := d.callKey(ctx, client, lease, permit, rec, &req, log)
 		d.metrics.ObserveCall(r, lease.KeyID, err, time.Since(start))
+		if streamed {
+			rec.State.Streamed = true
+		}
 		if err == nil {
 			if err := d.pool.Success(ctx, lease, res.Response.Usage, res.RateLimit); err != nil {
 				log.Warn("dispatch: settle key", "key_id", lease.KeyID, "err", err)
@@ -263,6 +266,11 @@ func (d *Dispatcher) callRoute(ctx context.Context, rec *job.Record, r llm.Route
 		}
 		lastErr = err
 		c := d.failed(ctx, rec, r, lease, permit, err, log)
+		if streamed {
+			// The caller holds part of this answer: no other key, route
+			// or retry may write a second one after it.
+			return outcome{permanent: err, code: job.CodeInterrupted}, routePermanent
+		}
 		switch c.next {
 		case nextRoute:
 			return outcome{transient: err, refused: true}, routeTransient
@@ -278,11 +286,14 @@ func (d *Dispatcher) callRoute(ctx context.Context, rec *job.Record, r llm.Route
 	return outcome{transient: lastErr}, routeTransient
 }
 
-// callKey makes the call on lease's key. Should the adapter panic, the key's lease is
+// callKey makes the call on lease's key, streamed (stream.go) when rec
+// asks for it and the adapter can; streamed reports that deltas reached
+// the request's events. Should the adapter panic, the key's lease is
 // released and the breaker permit (maybe a half-open probe) handed back
 // before the panic goes on to asynq's recovery: neither waits for its
 // expiry.
-func (d *Dispatcher) callKey(ctx context.Context, client llm.Client, lease *keypool.Lease, permit *breaker.Permit, req *llm.Request) (*llm.Result, error) {
+func (d *Dispatcher) callKey(ctx context.Context, client llm.Client, lease *keypool.Lease, permit *breaker.Permit,
+	rec *job.Record, req *llm.Request, log *slog.Logger) (res *llm.Result, streamed bool, err error) {
 	defer func() {
 		if p := recover(); p != nil {
 			_ = d.pool.Release(context.WithoutCancel(ctx), lease)
@@ -290,7 +301,15 @@ func (d *Dispatcher) callKey(ctx context.Context, client llm.Client, lease *keyp
 			panic(p)
 		}
 	}()
-	return client.Complete(ctx, lease.Cred, req)
+	s, ok := client.(llm.Streamer)
+	if !rec.Job.Stream || !ok {
+		res, err = client.Complete(ctx, lease.Cred, req)
+		return res, false, err
+	}
+	w := d.streamTo(ctx, rec, log)
+	defer func() { streamed = w.close() }() // sets the result once every delta is written
+	res, err = s.Stream(ctx, lease.Cred, req, w.emit)
+	return res, false, err
 }
 
 // acquire reserves a key of r for waiter w. Without a lease it returns

@@ -250,6 +250,9 @@ func TenantReason(j job.Job, code job.Code, reason string) string {
 			"the operator can look it up by this id", j.ID)
 	case job.CodeNoRoute:
 		return fmt.Sprintf("no_route: no provider key is configured for %s or its fallback (request %s)", j.Route, j.ID)
+	case job.CodeInterrupted:
+		return fmt.Sprintf("stream_interrupted: the provider's answer broke off after it had begun to stream (request %s); "+
+			"it is not retried, since a second call would write a different answer; send the request again", j.ID)
 	case job.CodeLost:
 		return fmt.Sprintf("lost: Bulwark lost this request before it was answered (request %s); "+
 			"submit it again, or ask the operator to look it up by this id", j.ID)

@@ -53,12 +53,22 @@ type dialect struct {
 	idPrefix string
 	decode   func(body []byte) (answering, *llm.Request, error)
 	encode   func(resp *llm.Response, model string) ([]byte, error)
-	stream   func(w io.Writer, resp *llm.Response, a answering) error
-	error    func(status int, code, msg string) []byte
+	// stream starts writing answer id as the dialect's event stream.
+	stream func(w io.Writer, id string, a answering) streamWriter
+	error  func(status int, code, msg string) []byte
 	// event is the SSE event name of an error inside a stream ("" for a
 	// bare data line): OpenAI sends its error object as data mid-stream,
 	// Anthropic an "error" event.
 	event string
+}
+
+// streamWriter writes one answer as an event stream: the deltas as they
+// come, then the end, with what of the answer no delta carried (all of it
+// for an answer that was not streamed: a cache hit, a provider without a
+// streaming adapter).
+type streamWriter interface {
+	Delta(d llm.Delta) error
+	End(resp *llm.Response) error
 }
 
 // answering is how a compat call asked to be answered, in any dialect:
@@ -81,8 +91,8 @@ var openAIDialect = dialect{
 		return answering{model: info.Model, stream: info.Stream, usage: info.IncludeUsage}, req, nil
 	},
 	encode: openai.EncodeResponse,
-	stream: func(w io.Writer, resp *llm.Response, a answering) error {
-		return openai.WriteStream(w, resp, a.model, openai.WithUsage(a.usage))
+	stream: func(w io.Writer, id string, a answering) streamWriter {
+		return openai.NewStreamWriter(w, id, a.model, openai.WithUsage(a.usage))
 	},
 	error: openai.EncodeError,
 }
@@ -98,8 +108,8 @@ var anthropicDialect = dialect{
 		return answering{model: info.Model, stream: info.Stream}, req, nil
 	},
 	encode: anthropic.EncodeResponse,
-	stream: func(w io.Writer, resp *llm.Response, a answering) error {
-		return anthropic.WriteStream(w, resp, a.model)
+	stream: func(w io.Writer, id string, a answering) streamWriter {
+		return anthropic.NewStreamWriter(w, id, a.model)
 	},
 	error: anthropic.EncodeError,
 	event: "error",
@@ -163,6 +173,7 @@ func (s *Server) compat(c *gin.Context, d dialect) {
 		return
 	}
 	sub, err := compatSubmission(c, route, req)
+	sub.Stream = ans.stream
 	if err != nil {
 		d.fail(c, http.StatusBadRequest, "invalid_header", err.Error())
 		return
@@ -185,8 +196,12 @@ func (s *Server) compat(c *gin.Context, d dialect) {
 	c.Set(ctxRequestID, a.ID)
 	c.Header("X-Bulwark-Request-Id", a.ID)
 	var rec *job.Record
+	var sw streamWriter
+	if ans.stream {
+		sw = d.stream(c.Writer, d.idPrefix+followed(a), ans)
+	}
 	if ans.stream && a.Ended == nil {
-		rec, err = s.awaitStreaming(c, a)
+		rec, err = s.awaitStreaming(c, a, sw)
 	} else {
 		rec, err = s.await(ctx, a)
 	}
@@ -228,7 +243,7 @@ func (s *Server) compat(c *gin.Context, d dialect) {
 			s.d.Logger.Warn("compat: unjoin", "request_id", a.ID, "err", err)
 		}
 	}
-	s.compatAnswer(c, d, rec, ans)
+	s.compatAnswer(c, d, rec, ans, sw)
 }
 
 // compatSubmission reads Bulwark's headers.
@@ -287,16 +302,23 @@ func (s *Server) await(ctx context.Context, a *intake.Accepted) (*job.Record, er
 	if a.Ended != nil {
 		return a.Ended, nil // answered at submission: nothing to wait for or read
 	}
-	return s.d.Hub.WaitEnd(ctx, followed(a), s.cfg.SyncTimeout, s.d.Jobs, progress.Idle{})
+	return s.d.Hub.WaitEnd(ctx, followed(a), s.cfg.SyncTimeout, s.d.Jobs, progress.Watch{})
 }
 
 // awaitStreaming is await for a streaming call: the stream's headers go
 // out at once and a comment line every KeepAlive while the request waits
 // (the SDKs skip comments), so that no proxy's idle timeout cuts a call
-// that is queued or waiting for a key. Which provider answered and
-// whether the cache did are then sent as trailers (X-Bulwark-Provider,
+// that is queued or waiting for a key; the answer's deltas are written to
+// sw as the worker streams them (pkg/dispatch, stream.go), from the first
+// for a caller that joins late. Which provider answered and whether the
+// cache did are then sent as trailers (X-Bulwark-Provider,
 // X-Bulwark-Model-Tier, X-Bulwark-Cache), the headers being gone.
-func (s *Server) awaitStreaming(c *gin.Context, a *intake.Accepted) (*job.Record, error) {
+//
+// Each write has WriteTimeout to go out: a caller that reads slower than
+// that is dropped (the worker never waits for it; pkg/progress replays
+// the deltas a busy stream missed from the request's events, which
+// job.MaxEvents bounds).
+func (s *Server) awaitStreaming(c *gin.Context, a *intake.Accepted, sw streamWriter) (*job.Record, error) {
 	w := c.Writer
 	w.Header().Set("Trailer", "X-Bulwark-Provider, X-Bulwark-Model-Tier, X-Bulwark-Cache")
 	startSSE(w)
@@ -310,8 +332,21 @@ func (s *Server) awaitStreaming(c *gin.Context, a *intake.Accepted) (*job.Record
 		w.Flush()
 		return nil
 	}
+	deltas := func(ev job.Event) error {
+		if ev.Type != job.EventDelta {
+			return nil
+		}
+		_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
+		for _, dl := range ev.Delta {
+			if err := sw.Delta(dl); err != nil {
+				return err
+			}
+		}
+		w.Flush()
+		return nil
+	}
 	return s.d.Hub.WaitEnd(c.Request.Context(), followed(a), s.cfg.SyncTimeout, s.d.Jobs,
-		progress.Idle{Every: s.cfg.KeepAlive, Do: keepAlive})
+		progress.Watch{Every: s.cfg.KeepAlive, Idle: keepAlive, Event: deltas})
 }
 
 // followed is the request whose ending answers a: a itself, or the one it
@@ -354,7 +389,9 @@ func setRetryAfter(c *gin.Context, d time.Duration) {
 	c.Header("Retry-After-Ms", strconv.FormatInt(d.Milliseconds(), 10))
 }
 
-func (s *Server) compatAnswer(c *gin.Context, d dialect, rec *job.Record, ans answering) {
+// compatAnswer writes rec's ending in d's dialect; sw is the stream of a
+// streaming call (nil for the others), perhaps with deltas written.
+func (s *Server) compatAnswer(c *gin.Context, d dialect, rec *job.Record, ans answering, sw streamWriter) {
 	st := rec.State
 	if rec.Status != job.StatusCompleted || st.Result == nil {
 		status, code := failureStatus(rec)
@@ -368,12 +405,12 @@ func (s *Server) compatAnswer(c *gin.Context, d dialect, rec *job.Record, ans an
 	c.Header("X-Bulwark-Cache", string(st.Cached.OrNone()))
 	resp := *st.Result
 	resp.ID = d.idPrefix + rec.Job.ID
-	if ans.stream {
+	if sw != nil {
 		if !c.Writer.Written() {
 			startSSE(c.Writer)
 		}
 		_ = http.NewResponseController(c.Writer).SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
-		if err := d.stream(c.Writer, &resp, ans); err != nil {
+		if err := sw.End(&resp); err != nil {
 			s.d.Logger.Warn("compat: stream", "err", err)
 		}
 		c.Writer.Flush()
@@ -400,6 +437,8 @@ func failureStatus(rec *job.Record) (int, string) {
 		return http.StatusBadRequest, "provider_rejected"
 	case job.CodeNoRoute:
 		return http.StatusBadRequest, "no_route"
+	case job.CodeInterrupted:
+		return http.StatusBadGateway, "stream_interrupted"
 	default: // provider_unavailable, lost, and records older than codes
 		return http.StatusBadGateway, "upstream_failed"
 	}

@@ -47,6 +47,9 @@ type submitBody struct {
 	// Compress defaults to true: where prompt compression is on, false
 	// sends this request's prompt as written.
 	Compress *bool `json:"compress"`
+	// Stream adds "delta" events, the answer's pieces as the provider
+	// writes them, to GET /v1/requests/{id}/events.
+	Stream bool `json:"stream"`
 }
 
 // wireMessage accepts content as a string or as an array of blocks.
@@ -152,6 +155,7 @@ func (s *Server) submit(c *gin.Context) {
 		NoCacheRead:    b.CacheRead != nil && !*b.CacheRead,
 		NoCacheWrite:   b.CacheWrite != nil && !*b.CacheWrite,
 		NoCompress:     b.Compress != nil && !*b.Compress,
+		Stream:         b.Stream,
 		IdempotencyKey: c.GetHeader("Idempotency-Key"),
 		Lang:           progress.Lang(c.GetHeader("Accept-Language")),
 	}

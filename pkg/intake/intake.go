@@ -59,6 +59,9 @@ type Submission struct {
 	// skips reading them (the queue's depth and drain rate, the breakers),
 	// several Redis round trips per request that nobody would read.
 	Waited bool
+	// Stream asks for the answer's deltas as the provider writes them
+	// (job.Job.Stream): a streaming compat call, stream on the async API.
+	Stream bool
 }
 
 // answeredInResponse reports whether the caller takes the answer in its

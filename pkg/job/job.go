@@ -64,6 +64,11 @@ const (
 	// and enqueueing, a task archived after its retries) and could not
 	// run it again.
 	CodeLost Code = "lost"
+	// CodeInterrupted: the provider's answer broke off after it had begun
+	// to stream to the caller (a mid-stream error, a worker that died).
+	// It is not tried again: a second call would write a different
+	// answer after the part the caller already has.
+	CodeInterrupted Code = "stream_interrupted"
 )
 
 // LostReason is what a caller and history read about a request whose live
@@ -110,6 +115,10 @@ type Job struct {
 	// compat call): nothing will look for the record but by id, which
 	// history answers.
 	KeepEnded time.Duration `json:"keep_ended,omitempty"`
+	// Stream asks the worker to stream the answer: its deltas become
+	// EventDelta events as the provider writes them (a streaming compat
+	// call, or stream on the async API).
+	Stream bool `json:"stream,omitempty"`
 	// JoinKey names what the request asked, for a compat call without an
 	// Idempotency-Key (intake computes it from the tenant and the whole
 	// request, cache settings included): a resend of it — an SDK's
@@ -167,6 +176,10 @@ type State struct {
 	RetryAt time.Time `json:"retry_at,omitzero"`
 	// CoalescedInto is the id of the identical request this one attached to.
 	CoalescedInto string `json:"coalesced_into,omitempty"`
+	// Streamed is set with the first delta of a streamed answer: from
+	// then on the caller holds part of an answer, and the request is not
+	// called again (CodeInterrupted) should its call break off.
+	Streamed bool `json:"streamed,omitempty"`
 }
 
 // Record is a request's whole live record.
@@ -201,6 +214,9 @@ const (
 	EventCompleted EventType = "completed"
 	EventFailed    EventType = "failed"
 	EventCancelled EventType = "cancelled"
+	// EventDelta carries pieces of an answer being streamed (Job.Stream):
+	// the provider's deltas as they arrived, a few at a time.
+	EventDelta EventType = "delta"
 )
 
 // Event is one step of a request's life, as streamed to the caller.
@@ -230,6 +246,8 @@ type Event struct {
 	Error    string       `json:"error,omitempty"`
 	// Result on completion.
 	Result *Result `json:"result,omitempty"`
+	// Delta holds the answer's next pieces (delta), in order.
+	Delta []llm.Delta `json:"delta,omitempty"`
 }
 
 // Result is the answer as the caller sees it.

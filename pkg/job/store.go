@@ -37,8 +37,18 @@ type Store struct {
 	ttl    time.Duration // kept after a request ends
 }
 
-// MaxEvents bounds one request's stream; a request has a handful of events.
-const MaxEvents = 200
+// MaxEvents bounds one request's stream. A request has a handful of
+// events, a streamed one also its deltas (at most one event per
+// DeltaEvery: 100 s of an answer streamed at full speed); past the bound
+// the oldest events go, which only a stream replaying from its start
+// would miss.
+const MaxEvents = 10000
+
+// DeltaEvery is the least time between two delta events of one request:
+// deltas that arrive closer together go out in one event, so a fast
+// provider costs at most 100 Redis writes a second per streamed answer
+// while a caller sees each delta at most this much later.
+const DeltaEvery = 10 * time.Millisecond
 
 // EndedEventsTTL is how long an ended request's event stream is kept (at
 // most as long as its record): long enough for a client that lost its

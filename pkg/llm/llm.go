@@ -231,3 +231,29 @@ type Client interface {
 	// Complete sends req with cred. A failure is an *Error (errors.As).
 	Complete(ctx context.Context, cred Credential, req *Request) (*Result, error)
 }
+
+// Delta is one piece of an answer as a provider streams it, in
+// provider-neutral form. The deltas of one content block share its Index,
+// its place in Response.Content; blocks start in index order with no gaps.
+// A block's first delta carries its Type, and for a tool_use block its
+// ToolUseID and ToolName. Concatenating a block's Text pieces gives the
+// block's text, or a tool_use block's input JSON.
+type Delta struct {
+	Index     int       `json:"i"`
+	Type      BlockType `json:"type,omitempty"`
+	ToolUseID string    `json:"id,omitempty"`
+	ToolName  string    `json:"name,omitempty"`
+	Text      string    `json:"text,omitempty"`
+}
+
+// Streamer is a Client that can also stream an answer as the provider
+// writes it. Implementations do not retry either.
+type Streamer interface {
+	// Stream sends req with streaming on, calls emit with each delta as it
+	// arrives (in order, never concurrently), and returns the assembled
+	// answer as Complete would have, usage and rate-limit headers
+	// included. A failure before the first delta is the *Error Complete
+	// would return; after it, the *Error of the provider's error event,
+	// or a transient one when the stream broke off.
+	Stream(ctx context.Context, cred Credential, req *Request, emit func(Delta)) (*Result, error)
+}
