@@ -71,20 +71,42 @@ type Reply struct {
 // transient for a connection failure or Post's own call.Timeout, or
 // call.Sign's error when it failed.
 func Post(ctx context.Context, hc *http.Client, call Call) (*Reply, error) {
+	callCtx, cancel := callContext(ctx, call)
+	defer cancel()
+	resp, start, err := send(ctx, callCtx, hc, call, "application/json")
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	body, err := readBody(ctx, callCtx, call, resp)
+	if err != nil {
+		return nil, err
+	}
+	return &Reply{Status: resp.StatusCode, Header: resp.Header, Body: body, Latency: time.Since(start)}, nil
+}
+
+// callContext is ctx bounded by call.Timeout, whose expiry has the cause
+// errCallTimeout.
+func callContext(ctx context.Context, call Call) (context.Context, context.CancelFunc) {
+	if call.Timeout <= 0 {
+		return ctx, func() {}
+	}
+	return context.WithTimeoutCause(ctx, call.Timeout, errCallTimeout)
+}
+
+// send builds call's request under callCtx, with accept as its Accept
+// header unless call.Header has one, signs it and sends it with hc
+// (http.DefaultClient when nil). start is when it was sent. The caller
+// closes the response's body.
+func send(ctx, callCtx context.Context, hc *http.Client, call Call, accept string) (resp *http.Response, start time.Time, err error) {
 	if hc == nil {
 		hc = http.DefaultClient
-	}
-	callCtx := ctx
-	if call.Timeout > 0 {
-		var cancel context.CancelFunc
-		callCtx, cancel = context.WithTimeoutCause(ctx, call.Timeout, errCallTimeout)
-		defer cancel()
 	}
 	req, err := http.NewRequestWithContext(callCtx, http.MethodPost, call.URL, bytes.NewReader(call.Body))
 	if err != nil {
 		// Only a malformed URL gets here: a configuration error, not a
 		// provider failure, so it carries no class.
-		return nil, fmt.Errorf("%s: build request: %w", call.Provider, err)
+		return nil, time.Time{}, fmt.Errorf("%s: build request: %w", call.Provider, err)
 	}
 	for k, vs := range call.Header {
 		req.Header[k] = vs
@@ -93,41 +115,55 @@ func Post(ctx context.Context, hc *http.Client, call Call) (*Reply, error) {
 		req.Header.Set("Content-Type", "application/json")
 	}
 	if req.Header.Get("Accept") == "" {
-		req.Header.Set("Accept", "application/json")
+		req.Header.Set("Accept", accept)
 	}
 	if call.Sign != nil {
 		if err := call.Sign(req); err != nil {
 			var pe *llm.Error
 			if errors.As(err, &pe) {
-				return nil, err
+				return nil, time.Time{}, err
 			}
-			return nil, fmt.Errorf("%s: sign request: %w", call.Provider, err)
+			return nil, time.Time{}, fmt.Errorf("%s: sign request: %w", call.Provider, err)
 		}
 	}
-
-	start := time.Now()
-	resp, err := hc.Do(req)
+	start = time.Now()
+	resp, err = hc.Do(req)
 	if err != nil {
-		return nil, transportError(ctx, callCtx, call, "send request", err)
+		return nil, time.Time{}, transportError(ctx, callCtx, call, "send request", err)
 	}
-	defer resp.Body.Close()
-	limit := call.MaxResponseBytes
-	if limit <= 0 {
-		limit = MaxResponseBytes
+	return resp, start, nil
+}
+
+// responseLimit is the largest body read for call.
+func responseLimit(call Call) int {
+	if call.MaxResponseBytes <= 0 {
+		return MaxResponseBytes
 	}
+	return call.MaxResponseBytes
+}
+
+// readBody reads resp's whole body, bounded by the call's limit: a longer
+// one is a transient *llm.Error, a failure to read one transportError's.
+func readBody(ctx, callCtx context.Context, call Call, resp *http.Response) ([]byte, error) {
+	limit := responseLimit(call)
 	body, err := io.ReadAll(io.LimitReader(resp.Body, int64(limit)+1))
 	if err != nil {
 		return nil, transportError(ctx, callCtx, call, "read response", err)
 	}
 	if len(body) > limit {
-		return nil, &llm.Error{
-			Class:    llm.ClassTransient,
-			Provider: call.Provider,
-			Status:   resp.StatusCode,
-			Message:  fmt.Sprintf("response body exceeds %d bytes", limit),
-		}
+		return nil, tooLong(call, resp.StatusCode, limit)
 	}
-	return &Reply{Status: resp.StatusCode, Header: resp.Header, Body: body, Latency: time.Since(start)}, nil
+	return body, nil
+}
+
+// tooLong is the error of an answer longer than limit bytes.
+func tooLong(call Call, status, limit int) error {
+	return &llm.Error{
+		Class:    llm.ClassTransient,
+		Provider: call.Provider,
+		Status:   status,
+		Message:  fmt.Sprintf("response body exceeds %d bytes", limit),
+	}
 }
 
 // transportError turns a failure to send or read into the caller's context

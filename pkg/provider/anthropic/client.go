@@ -2,8 +2,9 @@
 // (POST /v1/messages), over plain net/http so that every response header is
 // seen and nothing retries behind Bulwark's back.
 //
-// It has two halves. Client implements llm.Client: it translates an
-// llm.Request to the wire, sends it with one key, and returns the answer
+// It has two halves. Client implements llm.Client and llm.Streamer: it
+// translates an llm.Request to the wire, sends it with one key, and
+// returns the answer (whole, or streamed as deltas and read by ReadStream)
 // with the key's rate-limit headers, or a classified *llm.Error. The
 // exported translation functions (DecodeRequest, EncodeRequest,
 // DecodeResponse, EncodeResponse, WriteStream, EncodeError) are also what
@@ -29,6 +30,7 @@ import (
 
 	"bulwark/pkg/llm"
 	"bulwark/pkg/provider"
+	"bulwark/pkg/secret"
 )
 
 const (
@@ -95,7 +97,10 @@ type Client struct {
 	err error
 }
 
-var _ llm.Client = (*Client)(nil)
+var (
+	_ llm.Client   = (*Client)(nil)
+	_ llm.Streamer = (*Client)(nil)
+)
 
 // New returns a Client for cfg (zero fields mean defaults) that sends with
 // hc's Transport, or http.DefaultClient's when hc is nil. Redirects are not
@@ -121,26 +126,56 @@ func (c *Client) Provider() llm.Provider { return llm.ProviderClaude }
 // Config.Timeout is transient. When ctx ends first, the error wraps ctx's
 // error (errors.Is(err, context.Canceled)) and is not an *llm.Error.
 func (c *Client) Complete(ctx context.Context, cred llm.Credential, req *llm.Request) (*llm.Result, error) {
-	apiKey := cred.APIKey
-	if c.err != nil {
-		return nil, c.err
-	}
-	body, err := EncodeRequest(req)
+	call, err := c.call(cred, req, EncodeRequest)
 	if err != nil {
-		return nil, &llm.Error{Class: llm.ClassPermanent, Provider: llm.ProviderClaude, Message: err.Error()}
-	}
-	if err := provider.CheckKey(llm.ProviderClaude, apiKey); err != nil {
 		return nil, err
 	}
+	return provider.Do(ctx, c.hc, call, wire(cred.APIKey))
+}
+
+// Stream is Complete with the answer streamed (see llm.Streamer): the
+// request says "stream": true (EncodeStreamRequest), and ReadStream reads
+// the events, calling emit with each delta as it arrives. Failures are
+// Complete's until the stream starts; after that, an error event is
+// classified by the same table (a mid-stream overloaded_error is
+// overloaded), and a stream that breaks off, or outlasts Config.Timeout,
+// is a transient *llm.Error. When ctx ends first, the error wraps ctx's
+// error and is not an *llm.Error.
+func (c *Client) Stream(ctx context.Context, cred llm.Credential, req *llm.Request, emit func(llm.Delta)) (*llm.Result, error) {
+	call, err := c.call(cred, req, EncodeStreamRequest)
+	if err != nil {
+		return nil, err
+	}
+	return provider.DoStream(ctx, c.hc, call, wire(cred.APIKey), emit)
+}
+
+// call is the POST of req with cred's key, its body made by encode.
+func (c *Client) call(cred llm.Credential, req *llm.Request, encode func(*llm.Request) ([]byte, error)) (provider.Call, error) {
+	if c.err != nil {
+		return provider.Call{}, c.err
+	}
+	body, err := encode(req)
+	if err != nil {
+		return provider.Call{}, &llm.Error{Class: llm.ClassPermanent, Provider: llm.ProviderClaude, Message: err.Error()}
+	}
+	if err := provider.CheckKey(llm.ProviderClaude, cred.APIKey); err != nil {
+		return provider.Call{}, err
+	}
 	h := http.Header{}
-	h.Set("x-api-key", apiKey.Reveal())
+	h.Set("x-api-key", cred.APIKey.Reveal())
 	h.Set("anthropic-version", c.cfg.Version)
 	h.Set("User-Agent", provider.UserAgent)
-	call := provider.Call{Provider: llm.ProviderClaude, URL: c.url, Header: h, Body: body, Timeout: c.cfg.Timeout}
-	return provider.Do(ctx, c.hc, call, provider.Wire{
-		Failure:   func(r *provider.Reply, now time.Time) error { return errorOf(r, apiKey, now) },
-		RateLimit: func(h http.Header, _ time.Time) llm.RateLimit { return ParseRateLimit(h) },
-		Decode:    DecodeResponse,
-		Redact:    func(msg string) string { return provider.Redact(msg, apiKey) },
-	})
+	return provider.Call{Provider: llm.ProviderClaude, URL: c.url, Header: h, Body: body, Timeout: c.cfg.Timeout}, nil
+}
+
+// wire reads Messages API replies to a call with apiKey: Anthropic's error
+// table, its rate-limit headers, the answer, whole or streamed.
+func wire(apiKey secret.String) provider.Wire {
+	return provider.Wire{
+		Failure:    func(r *provider.Reply, now time.Time) error { return errorOf(r, apiKey, now) },
+		RateLimit:  func(h http.Header, _ time.Time) llm.RateLimit { return ParseRateLimit(h) },
+		Decode:     DecodeResponse,
+		ReadStream: ReadStream,
+		Redact:     func(msg string) string { return provider.Redact(msg, apiKey) },
+	}
 }

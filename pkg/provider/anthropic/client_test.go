@@ -86,6 +86,13 @@ func TestConformance(t *testing.T) {
 		BadRequests: badRequests,
 		Mock:        "claude",
 		SDK:         sdkHarness(),
+		// "Streaming Messages", "Error events": an overloaded_error may
+		// come mid-stream, where a non-streaming call would get a 529.
+		Stream: &providertest.StreamCase{
+			ErrorEvent: "event: error\n" + `data: {"type":"error","error":{"type":"overloaded_error","message":"Overloaded (key KEY_PLACEHOLDER)"}}` + "\n\n",
+			Class:      llm.ClassOverloaded,
+			Code:       "overloaded_error",
+		},
 	})
 }
 

@@ -277,6 +277,16 @@ func decodeToolChoice(tc wireToolChoice) (*llm.ToolChoice, error) {
 // temperature above MaxTemperature is clamped to it. Content is always sent
 // as an array of blocks and a tool_result's content as a string.
 func EncodeRequest(req *llm.Request) ([]byte, error) {
+	return encodeRequest(req, false)
+}
+
+// EncodeStreamRequest is EncodeRequest with "stream": true, for a Messages
+// event stream (see ReadStream).
+func EncodeStreamRequest(req *llm.Request) ([]byte, error) {
+	return encodeRequest(req, true)
+}
+
+func encodeRequest(req *llm.Request, stream bool) ([]byte, error) {
 	if req == nil {
 		return nil, errors.New("anthropic: encode request: nil request")
 	}
@@ -331,6 +341,7 @@ func EncodeRequest(req *llm.Request) ([]byte, error) {
 			out.ToolChoice.Name = tc.Name
 		}
 	}
+	out.Stream = stream
 	body, err := wirejson.Marshal(out)
 	if err != nil {
 		return nil, fmt.Errorf("anthropic: encode request: %w", err)

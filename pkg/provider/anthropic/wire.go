@@ -49,6 +49,9 @@ type outRequest struct {
 	StopSequences []string        `json:"stop_sequences,omitempty"`
 	Tools         []wireTool      `json:"tools,omitempty"`
 	ToolChoice    *wireToolChoice `json:"tool_choice,omitempty"`
+	// Stream is set by EncodeStreamRequest only, so that EncodeRequest's
+	// output does not change.
+	Stream bool `json:"stream,omitempty"`
 }
 
 type outMessage struct {
@@ -131,4 +134,39 @@ type wireErrorDetail struct {
 // {"error_code":"enforced_spend_limit_reached"} on a tier spend cap.
 type wireErrorDetails struct {
 	ErrorCode string `json:"error_code,omitempty"`
+}
+
+// wireEvent is any event of a Messages stream as received (ReadStream);
+// which fields matter depends on Type.
+type wireEvent struct {
+	Type string `json:"type"`
+	// Message is message_start's.
+	Message struct {
+		ID    string         `json:"id"`
+		Model string         `json:"model"`
+		Usage wireEventUsage `json:"usage"`
+	} `json:"message"`
+	// Index and ContentBlock are content_block_start's; Index is also
+	// content_block_delta's and content_block_stop's.
+	Index        int         `json:"index"`
+	ContentBlock wireBlockIn `json:"content_block"`
+	// Delta is content_block_delta's (Type, Text, PartialJSON) or
+	// message_delta's (StopReason).
+	Delta struct {
+		Type        string  `json:"type"`
+		Text        string  `json:"text"`
+		PartialJSON string  `json:"partial_json"`
+		StopReason  *string `json:"stop_reason"`
+	} `json:"delta"`
+	// Usage is message_delta's.
+	Usage wireEventUsage `json:"usage"`
+}
+
+// wireEventUsage is a stream's usage: message_start's, and message_delta's
+// cumulative counts, where any field may be missing.
+type wireEventUsage struct {
+	InputTokens              *int `json:"input_tokens"`
+	OutputTokens             *int `json:"output_tokens"`
+	CacheCreationInputTokens *int `json:"cache_creation_input_tokens"`
+	CacheReadInputTokens     *int `json:"cache_read_input_tokens"`
 }

@@ -5,9 +5,9 @@
 //
 // Azure speaks OpenAI's Chat Completions wire format, so the body, the
 // answer and the error bodies are translated by pkg/provider/openai
-// (EncodeRequest, DecodeResponse, ErrorOf, ParseRateLimit); this package
-// owns what is Azure's own (Microsoft's documents are cited; where they
-// are silent, the behaviour Azure is seen to have):
+// (EncodeRequest, DecodeResponse, ReadStream, ErrorOf, ParseRateLimit);
+// this package owns what is Azure's own (Microsoft's documents are cited;
+// where they are silent, the behaviour Azure is seen to have):
 //
 //   - The endpoint. POST {endpoint}/openai/deployments/{deployment-id}/chat/completions?api-version={version}
 //     ("Azure OpenAI in Azure AI Foundry Models REST API reference",
@@ -164,7 +164,10 @@ type Client struct {
 	err error
 }
 
-var _ llm.Client = (*Client)(nil)
+var (
+	_ llm.Client   = (*Client)(nil)
+	_ llm.Streamer = (*Client)(nil)
+)
 
 // New returns a Client for cfg (zero fields mean defaults) that sends with
 // hc's Transport, or http.DefaultClient's when hc is nil. Redirects are not
@@ -194,17 +197,45 @@ func (c *Client) Provider() llm.Provider { return c.cfg.Name }
 // addressed (no endpoint, no deployment, an invalid key endpoint) fails
 // without a class.
 func (c *Client) Complete(ctx context.Context, cred llm.Credential, req *llm.Request) (*llm.Result, error) {
+	call, w, err := c.call(ctx, cred, req, openai.EncodeRequest)
+	if err != nil {
+		return nil, err
+	}
+	return provider.Do(ctx, c.hc, call, w)
+}
+
+// Stream is Complete with the answer streamed (see llm.Streamer), in
+// OpenAI's chunk format: the body says "stream": true and asks for the
+// usage at the end (openai.EncodeStreamRequest), and openai.ReadStream
+// reads the chunks, calling emit with each delta as it arrives. Failures
+// are Complete's until the stream starts; after that, an error the stream
+// carries is classified by Azure's table (ErrorOf), and a stream that
+// breaks off, or outlasts Config.Timeout, is a transient *llm.Error. When
+// ctx ends first, the error wraps ctx's error and is not an *llm.Error.
+func (c *Client) Stream(ctx context.Context, cred llm.Credential, req *llm.Request, emit func(llm.Delta)) (*llm.Result, error) {
+	call, w, err := c.call(ctx, cred, req, openai.EncodeStreamRequest)
+	if err != nil {
+		return nil, err
+	}
+	return provider.DoStream(ctx, c.hc, call, w, emit)
+}
+
+// call is the POST of req to cred's deployment, its body made by encode
+// and authenticated as Config.Auth says (an Entra token is fetched with
+// ctx), with the Wire that reads its replies: OpenAI's, with Azure's error
+// table and rate-limit headers.
+func (c *Client) call(ctx context.Context, cred llm.Credential, req *llm.Request, encode func(*llm.Request) ([]byte, error)) (provider.Call, provider.Wire, error) {
 	if c.err != nil {
-		return nil, c.err
+		return provider.Call{}, provider.Wire{}, c.err
 	}
 	if c.cfg.Auth == AuthAPIKey {
 		if err := provider.CheckKey(c.cfg.Name, cred.APIKey); err != nil {
-			return nil, err
+			return provider.Call{}, provider.Wire{}, err
 		}
 	}
 	target, err := c.target(cred, req)
 	if err != nil {
-		return nil, err
+		return provider.Call{}, provider.Wire{}, err
 	}
 	if req.Model == "" {
 		// Azure ignores the body's model, but the wire format wants one.
@@ -212,9 +243,9 @@ func (c *Client) Complete(ctx context.Context, cred llm.Credential, req *llm.Req
 		r.Model = cred.Deployment
 		req = &r
 	}
-	body, err := openai.EncodeRequest(req)
+	body, err := encode(req)
 	if err != nil {
-		return nil, &llm.Error{Class: llm.ClassPermanent, Provider: c.cfg.Name, Message: err.Error()}
+		return provider.Call{}, provider.Wire{}, &llm.Error{Class: llm.ClassPermanent, Provider: c.cfg.Name, Message: err.Error()}
 	}
 	h := http.Header{}
 	h.Set("User-Agent", provider.UserAgent)
@@ -222,7 +253,7 @@ func (c *Client) Complete(ctx context.Context, cred llm.Credential, req *llm.Req
 	if c.cfg.Auth == AuthEntra {
 		token, err := c.token(ctx)
 		if err != nil {
-			return nil, err
+			return provider.Call{}, provider.Wire{}, err
 		}
 		sent = token
 		h.Set("Authorization", "Bearer "+token.Reveal())
@@ -230,13 +261,14 @@ func (c *Client) Complete(ctx context.Context, cred llm.Credential, req *llm.Req
 		h.Set("api-key", cred.APIKey.Reveal())
 	}
 	call := provider.Call{Provider: c.cfg.Name, URL: target, Header: h, Body: body, Timeout: c.cfg.Timeout}
-	// The OpenAI wire, with Azure's error table and rate-limit headers.
-	return provider.Do(ctx, c.hc, call, provider.Wire{
-		Failure:   func(r *provider.Reply, now time.Time) error { return c.failure(r, sent, cred, now) },
-		RateLimit: ParseRateLimit,
-		Decode:    openai.DecodeResponse,
-		Redact:    func(msg string) string { return provider.Redact(msg, sent) },
-	})
+	w := provider.Wire{
+		Failure:    func(r *provider.Reply, now time.Time) error { return c.failure(r, sent, cred, now) },
+		RateLimit:  ParseRateLimit,
+		Decode:     openai.DecodeResponse,
+		ReadStream: openai.ReadStream,
+		Redact:     func(msg string) string { return provider.Redact(msg, sent) },
+	}
+	return call, w, nil
 }
 
 // target is the chat completions URL of cred's deployment.

@@ -103,6 +103,13 @@ func TestConformance(t *testing.T) {
 		// are OpenAI's.
 		Mock: "azure",
 		SDK:  sdkHarness(),
+		// Azure streams OpenAI's chunks, errors included; its own table
+		// classifies them.
+		Stream: &providertest.StreamCase{
+			ErrorEvent: `data: {"error":{"code":"server_error","message":"The server had an error while processing your request (api-key KEY_PLACEHOLDER)."}}` + "\n\n",
+			Class:      llm.ClassTransient,
+			Code:       "server_error",
+		},
 	})
 }
 

@@ -3,8 +3,9 @@
 // net/http so that every response header is seen and nothing retries behind
 // Bulwark's back.
 //
-// It has two halves. Client implements llm.Client: it translates an
-// llm.Request to the wire, sends it with one key, and returns the answer
+// It has two halves. Client implements llm.Client and llm.Streamer: it
+// translates an llm.Request to the wire, sends it with one key, and
+// returns the answer (whole, or streamed as deltas and read by ReadStream)
 // with the key's rate-limit headers, or a classified *llm.Error. The
 // exported translation functions (DecodeRequest, EncodeRequest,
 // DecodeResponse, EncodeResponse, WriteStream, EncodeError) are also what
@@ -102,7 +103,10 @@ type Client struct {
 	err error
 }
 
-var _ llm.Client = (*Client)(nil)
+var (
+	_ llm.Client   = (*Client)(nil)
+	_ llm.Streamer = (*Client)(nil)
+)
 
 // New returns a Client for cfg (zero fields mean defaults) that sends with
 // hc's Transport, or http.DefaultClient's when hc is nil. Redirects are not
@@ -129,33 +133,59 @@ func (c *Client) Provider() llm.Provider { return llm.ProviderOpenAI }
 // the error wraps ctx's error (errors.Is(err, context.Canceled)) and is not
 // an *llm.Error.
 func (c *Client) Complete(ctx context.Context, cred llm.Credential, req *llm.Request) (*llm.Result, error) {
+	call, err := c.call(cred, req, EncodeRequest)
+	if err != nil {
+		return nil, err
+	}
+	return provider.Do(ctx, c.hc, call, Wire(cred.APIKey))
+}
+
+// Stream is Complete with the answer streamed (see llm.Streamer): the
+// request says "stream": true and asks for the usage at the end
+// (EncodeStreamRequest), and ReadStream reads the chunks, calling emit
+// with each delta as it arrives. Failures are Complete's until the stream
+// starts; after that, an error the stream carries is classified by the
+// same table (ErrorOf), and a stream that breaks off, or outlasts
+// Config.Timeout, is a transient *llm.Error. When ctx ends first, the
+// error wraps ctx's error and is not an *llm.Error.
+func (c *Client) Stream(ctx context.Context, cred llm.Credential, req *llm.Request, emit func(llm.Delta)) (*llm.Result, error) {
+	call, err := c.call(cred, req, EncodeStreamRequest)
+	if err != nil {
+		return nil, err
+	}
+	return provider.DoStream(ctx, c.hc, call, Wire(cred.APIKey), emit)
+}
+
+// call is the POST of req with cred's key, its body made by encode.
+func (c *Client) call(cred llm.Credential, req *llm.Request, encode func(*llm.Request) ([]byte, error)) (provider.Call, error) {
 	apiKey := cred.APIKey
 	if c.err != nil {
-		return nil, c.err
+		return provider.Call{}, c.err
 	}
-	body, err := EncodeRequest(req)
+	body, err := encode(req)
 	if err != nil {
-		return nil, &llm.Error{Class: llm.ClassPermanent, Provider: llm.ProviderOpenAI, Message: err.Error()}
+		return provider.Call{}, &llm.Error{Class: llm.ClassPermanent, Provider: llm.ProviderOpenAI, Message: err.Error()}
 	}
 	if err := provider.CheckKey(llm.ProviderOpenAI, apiKey); err != nil {
-		return nil, err
+		return provider.Call{}, err
 	}
 	h := http.Header{}
 	if !apiKey.IsZero() { // a local server (kind local) may need none
 		h.Set("Authorization", "Bearer "+apiKey.Reveal())
 	}
 	h.Set("User-Agent", provider.UserAgent)
-	call := provider.Call{Provider: llm.ProviderOpenAI, URL: c.url, Header: h, Body: body, Timeout: c.cfg.Timeout}
-	return provider.Do(ctx, c.hc, call, Wire(apiKey))
+	return provider.Call{Provider: llm.ProviderOpenAI, URL: c.url, Header: h, Body: body, Timeout: c.cfg.Timeout}, nil
 }
 
 // Wire reads Chat Completions replies to a call signed with sent (a key or
-// a token): the OpenAI error table, x-ratelimit-* headers, the answer.
+// a token): the OpenAI error table, x-ratelimit-* headers, the answer,
+// whole or streamed.
 func Wire(sent secret.String) provider.Wire {
 	return provider.Wire{
-		Failure:   func(r *provider.Reply, now time.Time) error { return ErrorOf(r, sent, now) },
-		RateLimit: ParseRateLimit,
-		Decode:    DecodeResponse,
-		Redact:    func(msg string) string { return provider.Redact(msg, sent) },
+		Failure:    func(r *provider.Reply, now time.Time) error { return ErrorOf(r, sent, now) },
+		RateLimit:  ParseRateLimit,
+		Decode:     DecodeResponse,
+		ReadStream: ReadStream,
+		Redact:     func(msg string) string { return provider.Redact(msg, sent) },
 	}
 }

@@ -77,6 +77,13 @@ func TestConformance(t *testing.T) {
 		BadRequests: badRequests,
 		Mock:        "openai",
 		SDK:         sdkHarness(),
+		// OpenAI reports a failure after the stream began as a data line
+		// holding an error body.
+		Stream: &providertest.StreamCase{
+			ErrorEvent: `data: {"error":{"message":"The server had an error while processing your request (key KEY_PLACEHOLDER). Sorry about that!","type":"server_error","param":null,"code":null}}` + "\n\n",
+			Class:      llm.ClassTransient,
+			Code:       "server_error",
+		},
 	})
 }
 

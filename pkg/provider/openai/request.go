@@ -347,6 +347,17 @@ func decodeToolChoice(raw json.RawMessage) (*llm.ToolChoice, error) {
 //   - MaxTokens goes in max_completion_tokens (omitted when zero);
 //     tool_choice any is "required".
 func EncodeRequest(req *llm.Request) ([]byte, error) {
+	return encodeRequest(req, false)
+}
+
+// EncodeStreamRequest is EncodeRequest with streaming on: "stream": true
+// and "stream_options": {"include_usage": true}, so that the stream ends
+// with a chunk carrying the usage (see ReadStream).
+func EncodeStreamRequest(req *llm.Request) ([]byte, error) {
+	return encodeRequest(req, true)
+}
+
+func encodeRequest(req *llm.Request, stream bool) ([]byte, error) {
 	if req == nil {
 		return nil, errors.New("openai: encode request: nil request")
 	}
@@ -393,6 +404,10 @@ func EncodeRequest(req *llm.Request) ([]byte, error) {
 		default:
 			return nil, fmt.Errorf("openai: encode request: tool_choice: unknown mode %q", tc.Mode)
 		}
+	}
+	if stream {
+		out.Stream = true
+		out.StreamOptions = &outStreamOptions{IncludeUsage: true}
 	}
 	body, err := wirejson.Marshal(out)
 	if err != nil {

@@ -87,6 +87,14 @@ type outRequest struct {
 	// ToolChoice is a string ("auto", "required", "none") or a
 	// wireToolChoiceObject.
 	ToolChoice any `json:"tool_choice,omitempty"`
+	// Stream and StreamOptions are set by EncodeStreamRequest only, so
+	// that EncodeRequest's output does not change.
+	Stream        bool              `json:"stream,omitempty"`
+	StreamOptions *outStreamOptions `json:"stream_options,omitempty"`
+}
+
+type outStreamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
 }
 
 type outMessage struct {
@@ -164,6 +172,31 @@ type chunkDelta struct {
 	Role      string         `json:"role,omitempty"`
 	Content   *string        `json:"content,omitempty"`
 	ToolCalls []wireToolCall `json:"tool_calls,omitempty"`
+}
+
+// wireChunk is one chat.completion.chunk of a stream as received
+// (ReadStream). Error and Object catch an error sent in the stream's
+// place: OpenAI's {"error":{…}}, or {"object":"error",…} from compatible
+// hosts.
+type wireChunk struct {
+	ID      string            `json:"id"`
+	Object  string            `json:"object"`
+	Model   string            `json:"model"`
+	Choices []wireChunkChoice `json:"choices"`
+	Usage   *wireUsage        `json:"usage"`
+	Error   json.RawMessage   `json:"error"`
+}
+
+type wireChunkChoice struct {
+	Index        int            `json:"index"`
+	Delta        wireChunkDelta `json:"delta"`
+	FinishReason *string        `json:"finish_reason"`
+}
+
+type wireChunkDelta struct {
+	Content   *string        `json:"content"`
+	Refusal   *string        `json:"refusal"`
+	ToolCalls []wireToolCall `json:"tool_calls"`
 }
 
 // wireErrorDetail is the "error" object of an error body. Code is kept raw:

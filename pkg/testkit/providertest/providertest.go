@@ -31,6 +31,13 @@
 //   - Mock: the client against pkg/testkit/mockprovider over real HTTP: a text
 //     answer with the mock's rate-limit headers, a tool-call round trip,
 //     every fault mode, and a 429 of the mock's own buckets.
+//   - Stream: the client's Stream (llm.Streamer) reads what Wire.WriteStream
+//     writes into the answer Complete reads from EncodeResponse, its deltas
+//     arriving before the stream ends and adding up to that answer; an
+//     error answer fails Stream exactly as it fails Complete; a mid-stream
+//     error event is classified by the provider's table; a stream cut off,
+//     ended early, not a stream, timed out or cancelled by the caller
+//     fails as the Transport cases say; no error carries the key.
 //
 // An adapter that lacks an ability leaves its Harness field nil or zero,
 // and the cases that need it skip, naming what is missing: no
@@ -134,6 +141,10 @@ type Harness struct {
 	MockErrors map[string]MockError
 	// SDK drives the provider's official SDK; nil skips the SDK cases.
 	SDK *SDK
+	// Stream describes the streaming of an adapter whose client implements
+	// llm.Streamer; nil skips the Stream cases. It needs Wire.WriteStream,
+	// which the suite's provider streams its answers with.
+	Stream *StreamCase
 }
 
 // Config is the part of an adapter's configuration the suite sets.
@@ -275,7 +286,8 @@ func Run(t *testing.T, h Harness) {
 		(h.KeyHeaders == nil && h.CheckRequest == nil) || h.Model == "" || h.Wire.EncodeRequest == nil ||
 		h.Wire.DecodeRequest == nil || h.Wire.EncodeResponse == nil || h.Wire.DecodeResponse == nil ||
 		(h.Wire.EncodeError == nil) != (len(h.ErrorTypes) == 0) || h.Leak.File == "" ||
-		(h.SDK != nil && (h.Wire.WriteStream == nil || h.Wire.EncodeError == nil)) {
+		(h.SDK != nil && (h.Wire.WriteStream == nil || h.Wire.EncodeError == nil)) ||
+		(h.Stream != nil && h.Wire.WriteStream == nil) {
 		t.Fatalf("providertest: incomplete Harness: %+v", h)
 	}
 	t.Run("Wire", func(t *testing.T) { t.Parallel(); h.testWire(t) })
@@ -287,6 +299,9 @@ func Run(t *testing.T, h Harness) {
 	}
 	if h.Mock != "" {
 		t.Run("Mock", func(t *testing.T) { t.Parallel(); h.testMock(t) })
+	}
+	if h.Stream != nil {
+		t.Run("Stream", func(t *testing.T) { t.Parallel(); h.testStream(t) })
 	}
 }
 
