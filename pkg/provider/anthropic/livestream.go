@@ -9,20 +9,6 @@ import (
 	"bulwark/pkg/provider"
 )
 
-// endDelta is message_delta with the input tokens too, for a stream
-// whose message_start went out before they were known.
-type (
-	endDelta struct {
-		Type  string             `json:"type"`
-		Delta streamMessageState `json:"delta"`
-		Usage endUsage           `json:"usage"`
-	}
-	endUsage struct {
-		InputTokens  *int `json:"input_tokens,omitempty"`
-		OutputTokens int  `json:"output_tokens"`
-	}
-)
-
 // StreamWriter writes an answer as a Messages API event stream while it
 // is being written: deltas as they come (Delta), then the end (End), which
 // also writes whatever of the final answer no delta carried. Replaying a
@@ -90,12 +76,12 @@ func (s *StreamWriter) End(resp *llm.Response) error {
 	if err := s.closeBlock(); err != nil {
 		return err
 	}
-	u := endUsage{OutputTokens: resp.Usage.OutputTokens}
+	u := streamUsage{OutputTokens: resp.Usage.OutputTokens}
 	if s.liveUsage {
 		in := resp.Usage.InputTokens
 		u.InputTokens = &in
 	}
-	if err := provider.WriteEvent(s.w, "message_delta", endDelta{
+	if err := provider.WriteEvent(s.w, "message_delta", streamMessageDelta{
 		Type: "message_delta", Delta: streamMessageState{StopReason: stopReasonOf(resp.StopReason)}, Usage: u,
 	}); err != nil {
 		return err

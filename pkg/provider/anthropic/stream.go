@@ -1,12 +1,10 @@
 package anthropic
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 
 	"bulwark/pkg/llm"
-	"bulwark/pkg/provider"
 )
 
 // Stream event payloads, in the order the Messages API sends them.
@@ -46,8 +44,13 @@ type (
 		StopReason   *string `json:"stop_reason"`
 		StopSequence *string `json:"stop_sequence"`
 	}
+	// streamUsage is message_delta's usage: whole-message totals. The
+	// input tokens are there only for a stream whose message_start went
+	// out before they were known (the SDKs' accumulators take them from
+	// message_delta when present).
 	streamUsage struct {
-		OutputTokens int `json:"output_tokens"`
+		InputTokens  *int `json:"input_tokens,omitempty"`
+		OutputTokens int  `json:"output_tokens"`
 	}
 )
 
@@ -56,70 +59,15 @@ type (
 // content_block_start, a few content_block_delta events (text_delta for
 // text, input_json_delta for a tool's input JSON) and content_block_stop,
 // then message_delta (stop reason, output tokens) and message_stop. model
-// and the id follow EncodeResponse. The caller sets the Content-Type
-// (text/event-stream) and flushes.
+// and the id follow EncodeResponse. It is StreamWriter.End with no delta
+// written. The caller sets the Content-Type (text/event-stream) and
+// flushes.
 func WriteStream(w io.Writer, resp *llm.Response, model string) error {
-	full, err := outResponseOf(resp, model)
-	if err != nil {
-		return err
+	if resp == nil {
+		return fmt.Errorf("anthropic: write stream: nil response")
 	}
-	start := *full
-	start.Content = []outBlock{}
-	start.StopReason = nil
-	start.Usage = wireUsage{InputTokens: full.Usage.InputTokens}
-	if err := provider.WriteEvent(w, "message_start", streamMessageStart{Type: "message_start", Message: start}); err != nil {
-		return err
+	if model == "" {
+		model = resp.Model
 	}
-	if err := provider.WriteEvent(w, "ping", streamPing{Type: "ping"}); err != nil {
-		return err
-	}
-	for i, b := range full.Content {
-		if err := writeBlock(w, i, b); err != nil {
-			return err
-		}
-	}
-	if err := provider.WriteEvent(w, "message_delta", streamMessageDelta{
-		Type:  "message_delta",
-		Delta: streamMessageState{StopReason: full.StopReason},
-		Usage: streamUsage{OutputTokens: full.Usage.OutputTokens},
-	}); err != nil {
-		return err
-	}
-	return provider.WriteEvent(w, "message_stop", streamPing{Type: "message_stop"})
-}
-
-// writeBlock streams one content block: its start with empty content, the
-// content in pieces, its stop.
-func writeBlock(w io.Writer, index int, b outBlock) error {
-	startBlock := b
-	var pieces []string
-	var deltaType string
-	switch b.Type {
-	case "text":
-		empty := ""
-		startBlock.Text = &empty
-		pieces = provider.SplitText(*b.Text)
-		deltaType = "text_delta"
-	case "tool_use":
-		startBlock.Input = json.RawMessage("{}")
-		pieces = provider.SplitText(string(b.Input))
-		deltaType = "input_json_delta"
-	default:
-		return fmt.Errorf("anthropic: write stream: content[%d]: cannot stream a %s block", index, b.Type)
-	}
-	if err := provider.WriteEvent(w, "content_block_start", streamBlockStart{Type: "content_block_start", Index: index, ContentBlock: startBlock}); err != nil {
-		return err
-	}
-	for _, p := range pieces {
-		d := streamDelta{Type: deltaType}
-		if deltaType == "text_delta" {
-			d.Text = &p
-		} else {
-			d.PartialJSON = &p
-		}
-		if err := provider.WriteEvent(w, "content_block_delta", streamBlockDelta{Type: "content_block_delta", Index: index, Delta: d}); err != nil {
-			return err
-		}
-	}
-	return provider.WriteEvent(w, "content_block_stop", streamBlockStop{Type: "content_block_stop", Index: index})
+	return NewStreamWriter(w, resp.ID, model).End(resp)
 }

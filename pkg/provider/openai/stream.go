@@ -1,13 +1,10 @@
 package openai
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
-	"time"
 
 	"bulwark/pkg/llm"
-	"bulwark/pkg/provider"
 )
 
 // StreamOption adjusts one WriteStream call.
@@ -37,63 +34,15 @@ func withCreated(unix int64) StreamOption {
 // the text in a few content chunks, each tool call as a chunk with its
 // index, id and name followed by chunks of its arguments, a last chunk with
 // an empty delta and the finish_reason, the usage chunk if WithUsage asked
-// for it, and "data: [DONE]". model and the id follow EncodeResponse. The
-// caller sets the Content-Type (text/event-stream) and flushes.
+// for it, and "data: [DONE]". model and the id follow EncodeResponse. It
+// is StreamWriter.End with no delta written. The caller sets the
+// Content-Type (text/event-stream) and flushes.
 func WriteStream(w io.Writer, resp *llm.Response, model string, opts ...StreamOption) error {
-	o := streamOptions{created: time.Now().Unix()}
-	for _, opt := range opts {
-		opt(&o)
+	if resp == nil {
+		return fmt.Errorf("openai: write stream: nil response")
 	}
-	a, err := answerOf(resp, model)
-	if err != nil {
-		return err
+	if model == "" {
+		model = resp.Model
 	}
-	chunk := func(d chunkDelta, finish *string) outChunk {
-		return outChunk{
-			ID:      a.id,
-			Object:  "chat.completion.chunk",
-			Created: o.created,
-			Model:   a.model,
-			Choices: []chunkChoice{{Delta: d, Logprobs: json.RawMessage(nullJSON), FinishReason: finish}},
-		}
-	}
-	empty := ""
-	if err := provider.WriteEvent(w, "", chunk(chunkDelta{Role: "assistant", Content: &empty}, nil)); err != nil {
-		return err
-	}
-	if a.content != nil {
-		for _, p := range provider.SplitText(*a.content) {
-			if err := provider.WriteEvent(w, "", chunk(chunkDelta{Content: &p}, nil)); err != nil {
-				return err
-			}
-		}
-	}
-	for i, call := range a.calls {
-		first := call
-		first.Index = &i
-		first.Function.Arguments = ""
-		if err := provider.WriteEvent(w, "", chunk(chunkDelta{ToolCalls: []wireToolCall{first}}, nil)); err != nil {
-			return err
-		}
-		for _, p := range provider.SplitText(call.Function.Arguments) {
-			d := wireToolCall{Index: &i, Function: wireFunctionCall{Arguments: p}}
-			if err := provider.WriteEvent(w, "", chunk(chunkDelta{ToolCalls: []wireToolCall{d}}, nil)); err != nil {
-				return err
-			}
-		}
-	}
-	if err := provider.WriteEvent(w, "", chunk(chunkDelta{}, &a.finish)); err != nil {
-		return err
-	}
-	if o.includeUsage {
-		u := usageOf(resp.Usage)
-		last := outChunk{ID: a.id, Object: "chat.completion.chunk", Created: o.created, Model: a.model, Choices: []chunkChoice{}, Usage: &u}
-		if err := provider.WriteEvent(w, "", last); err != nil {
-			return err
-		}
-	}
-	if _, err := io.WriteString(w, "data: [DONE]\n\n"); err != nil {
-		return fmt.Errorf("sse: write [DONE]: %w", err)
-	}
-	return nil
+	return NewStreamWriter(w, resp.ID, model, opts...).End(resp)
 }
