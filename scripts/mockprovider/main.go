@@ -6,10 +6,14 @@
 // Each flag but -refund-openai falls back to an environment variable:
 // BULWARK_MOCK_ADDR, BULWARK_MOCK_RPM, BULWARK_MOCK_TPM, BULWARK_MOCK_ITPM,
 // BULWARK_MOCK_OTPM, BULWARK_MOCK_WINDOW,
-// BULWARK_MOCK_LATENCY, BULWARK_MOCK_JITTER. -window is the enforcement
-// window of the limits (mockprovider.Config.Window): with the default 1s a
-// 600-RPM key takes 10 calls at once, as the real providers quantize; 1m
-// gives whole-minute buckets. It stops on SIGINT or SIGTERM.
+// BULWARK_MOCK_LATENCY, BULWARK_MOCK_JITTER, BULWARK_MOCK_STREAM_FIRST_TOKEN,
+// BULWARK_MOCK_STREAM_CHUNK_INTERVAL, BULWARK_MOCK_STREAM_CHUNK_TOKENS.
+// -window is the enforcement window of the limits
+// (mockprovider.Config.Window): with the default 1s a 600-RPM key takes 10
+// calls at once, as the real providers quantize; 1m gives whole-minute
+// buckets. The -stream-* flags pace streamed answers (stream=true): time to
+// first token (0 follows -latency), gap between chunks, tokens per chunk.
+// It stops on SIGINT or SIGTERM.
 package main
 
 import (
@@ -54,6 +58,13 @@ func run(log *slog.Logger) error {
 		"enforcement window of the limits, at most 1m: buckets hold rpm×window/1m (env BULWARK_MOCK_WINDOW)")
 	flag.DurationVar(&cfg.Latency, "latency", envDuration("BULWARK_MOCK_LATENCY", 300*time.Millisecond), "latency before each answer (env BULWARK_MOCK_LATENCY)")
 	flag.DurationVar(&cfg.LatencyJitter, "jitter", envDuration("BULWARK_MOCK_JITTER", 0), "latency spread ± (env BULWARK_MOCK_JITTER)")
+	flag.DurationVar(&cfg.StreamFirstToken, "stream-first-token", envDuration("BULWARK_MOCK_STREAM_FIRST_TOKEN", 0),
+		"streamed answers: admission to first content chunk, 0 = the latency, negative = none (env BULWARK_MOCK_STREAM_FIRST_TOKEN)")
+	flag.DurationVar(&cfg.StreamChunkInterval, "stream-chunk-interval",
+		envDuration("BULWARK_MOCK_STREAM_CHUNK_INTERVAL", mockprovider.StreamChunkIntervalDefault),
+		"streamed answers: gap between content chunks, negative = none (env BULWARK_MOCK_STREAM_CHUNK_INTERVAL)")
+	flag.IntVar(&cfg.StreamChunkTokens, "stream-chunk-tokens", envInt("BULWARK_MOCK_STREAM_CHUNK_TOKENS", mockprovider.StreamChunkTokensDefault),
+		"streamed answers: tokens (4 bytes each) per content chunk (env BULWARK_MOCK_STREAM_CHUNK_TOKENS)")
 	flag.Parse()
 	cfg.Logger = log
 
@@ -69,7 +80,8 @@ func run(log *slog.Logger) error {
 	go func() { errc <- srv.ListenAndServe() }()
 	log.Info("mock provider listening", "addr", *addr, "rpm", cfg.DefaultLimits.RPM, "tpm", cfg.DefaultLimits.TPM,
 		"itpm", cfg.DefaultLimits.ITPM, "otpm", cfg.DefaultLimits.OTPM, "refund_openai", cfg.RefundOpenAI,
-		"window", cfg.Window, "latency", cfg.Latency, "jitter", cfg.LatencyJitter)
+		"window", cfg.Window, "latency", cfg.Latency, "jitter", cfg.LatencyJitter, "stream_first_token", cfg.StreamFirstToken,
+		"stream_chunk_interval", cfg.StreamChunkInterval, "stream_chunk_tokens", cfg.StreamChunkTokens)
 
 	select {
 	case err := <-errc:

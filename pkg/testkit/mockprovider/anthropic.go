@@ -163,8 +163,6 @@ func (anthropicWire) parse(body []byte) (*call, *apiError) {
 		return nil, invalid("invalid JSON body: %v", err)
 	}
 	switch {
-	case req.Stream:
-		return nil, invalid("stream: the mock provider does not stream; send stream=false")
 	case req.Model == "":
 		return nil, invalid("model: Field required")
 	case req.MaxTokens == nil:
@@ -276,7 +274,7 @@ func (anthropicWire) parse(body []byte) (*call, *apiError) {
 	}
 
 	input := tokensForBytes(inputBytes)
-	return &call{
+	cl := &call{
 		model:       req.Model,
 		inputTokens: input,
 		reserve:     *req.MaxTokens,
@@ -286,26 +284,37 @@ func (anthropicWire) parse(body []byte) (*call, *apiError) {
 		settle: true,
 		build: func(time.Time) (any, int) {
 			a := answerTo(c)
-			resp := anthropicResponse{
-				ID:         "msg_" + randomHex(12),
-				Type:       "message",
-				Role:       "assistant",
-				Model:      req.Model,
-				StopReason: string(a.stop),
-				Usage:      anthropicUsage{InputTokens: input, OutputTokens: a.outputTokens},
-			}
-			if a.stop == stopStopSequence {
-				resp.StopSequence = &a.stopSequence
-			}
-			if len(a.calls) == 0 {
-				resp.Content = []any{anthropicTextBlock{Type: "text", Text: a.text}}
-			}
-			for _, tc := range a.calls {
-				resp.Content = append(resp.Content, anthropicToolUseBlock{Type: "tool_use", ID: callID("toolu_", tc.n), Name: tc.name, Input: tc.input})
-			}
-			return resp, a.outputTokens
+			return anthropicAnswer(req.Model, input, a), a.outputTokens
 		},
-	}, nil
+	}
+	if req.Stream {
+		cl.stream = func(_ time.Time, chunkBytes int) *script {
+			return anthropicScript(anthropicAnswer(req.Model, input, answerTo(c)), chunkBytes)
+		}
+	}
+	return cl, nil
+}
+
+// anthropicAnswer is the Messages response carrying a.
+func anthropicAnswer(model string, input int, a answer) anthropicResponse {
+	resp := anthropicResponse{
+		ID:         "msg_" + randomHex(12),
+		Type:       "message",
+		Role:       "assistant",
+		Model:      model,
+		StopReason: string(a.stop),
+		Usage:      anthropicUsage{InputTokens: input, OutputTokens: a.outputTokens},
+	}
+	if a.stop == stopStopSequence {
+		resp.StopSequence = &a.stopSequence
+	}
+	if len(a.calls) == 0 {
+		resp.Content = []any{anthropicTextBlock{Type: "text", Text: a.text}}
+	}
+	for _, tc := range a.calls {
+		resp.Content = append(resp.Content, anthropicToolUseBlock{Type: "tool_use", ID: callID("toolu_", tc.n), Name: tc.name, Input: tc.input})
+	}
+	return resp
 }
 
 func containsString(list []string, s string) bool {

@@ -144,7 +144,7 @@ func TestAnthropicInvalidRequests(t *testing.T) {
 		{"no messages", claudeHeaders("k"), map[string]any{"model": "m", "max_tokens": 5, "messages": []any{}}, 400, "invalid_request_error", "messages"},
 		{"bad role", claudeHeaders("k"), map[string]any{"model": "m", "max_tokens": 5, "messages": []any{map[string]any{"role": "system", "content": "x"}}}, 400, "invalid_request_error", "role"},
 		{"bad json", claudeHeaders("k"), "{", 400, "invalid_request_error", "JSON"},
-		{"stream", claudeHeaders("k"), map[string]any{"model": "m", "max_tokens": 5, "stream": true, "messages": []any{map[string]any{"role": "user", "content": "x"}}}, 400, "invalid_request_error", "stream"},
+		{"stream not a boolean", claudeHeaders("k"), map[string]any{"model": "m", "max_tokens": 5, "stream": "yes", "messages": []any{map[string]any{"role": "user", "content": "x"}}}, 400, "invalid_request_error", "stream"},
 		{"temperature", claudeHeaders("k"), map[string]any{"model": "m", "max_tokens": 5, "temperature": 1.5, "messages": []any{map[string]any{"role": "user", "content": "x"}}}, 400, "invalid_request_error", "temperature"},
 		{"unknown tool_choice tool", claudeHeaders("k"), map[string]any{"model": "m", "max_tokens": 5, "tools": []any{map[string]any{"name": "a", "input_schema": map[string]any{}}},
 			"tool_choice": map[string]any{"type": "tool", "name": "b"}, "messages": []any{map[string]any{"role": "user", "content": "x"}}}, 400, "invalid_request_error", "tool_choice"},

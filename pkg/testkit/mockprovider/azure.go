@@ -81,6 +81,10 @@ package mockprovider
 //   - The request id goes in apim-request-id, as Azure's gateway sends it.
 //   - The body's "model" is optional, as on Azure, where the deployment
 //     names the model: the answer reports it, or the deployment's name.
+//   - stream=true streams as on /v1/chat/completions (openai_stream.go):
+//     Azure serves OpenAI's chunks. The content-filter annotations Azure
+//     adds to a stream (prompt_filter_results in a first chunk with no
+//     choices, content_filter_results on the others) are not sent.
 //
 // Stats and faults count Azure calls in the OpenAI wire family: a Fault
 // with Provider "openai" (or "") also fails the Azure endpoint, and its

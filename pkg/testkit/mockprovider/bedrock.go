@@ -55,6 +55,10 @@ package mockprovider
 //     package doc). Bedrock sends no rate-limit headers and, usually, no
 //     Retry-After on a 429; neither does the mock, even for a fault that
 //     sets Fault.RetryAfter.
+//   - No streaming: InvokeModelWithResponseStream answers in the binary
+//     AWS event-stream encoding (application/vnd.amazon.eventstream), not
+//     server-sent events, and the mock does not serve it; "stream" in the
+//     body is refused as above.
 //   - Faults answer in Bedrock's shape: rate_limit → 429
 //     ThrottlingException; overloaded → 503 ServiceUnavailableException;
 //     server_error → 500 InternalServerException; spend_limit and

@@ -14,13 +14,15 @@
 //	GET    /mock/stats           Stats as JSON (counters and in-flight gauges)
 //	POST   /mock/reset           zero the counters and in-flight maxima, refill every bucket
 //	GET    /mock/faults          faults in force
-//	POST   /mock/faults          add a Fault: {"provider","key_fingerprint","mode","count","retry_after":"2s","message"}
+//	POST   /mock/faults          add a Fault: {"provider","key_fingerprint","mode","count","retry_after":"2s","message","after_chunks"}
 //	DELETE /mock/faults          remove every fault
-//	POST   /mock/latency         {"latency":"200ms","jitter":"50ms"} (either field)
+//	POST   /mock/latency         {"latency":"200ms","jitter":"50ms","stream_first_token":"500ms",
+//	                             "stream_chunk_interval":"20ms","stream_chunk_tokens":1} (any of them)
 //
 // Any non-empty key is accepted; a missing one gets 401 in the provider's
 // error shape. The /mock endpoints are unauthenticated: bind the mock to
-// loopback. Streaming is not supported (stream=true gets 400).
+// loopback. The Messages, Chat Completions and Azure endpoints stream when
+// the body says "stream": true (see "Streaming"); Bedrock does not.
 //
 // # Answers
 //
@@ -134,11 +136,83 @@
 // headers. Request ids go in request-id (Anthropic) and x-request-id
 // (OpenAI).
 //
+// # Streaming
+//
+// With "stream": true the answer is the one the same request gets without
+// it (text, tool calls and their ids, stop reason, usage), sent as
+// server-sent events, so a client that accumulates the stream holds the
+// non-streamed answer (the message or completion id aside, which is random
+// per call). What the mock imitates, and where it comes from:
+//
+//   - Anthropic: the event flow of "Streaming Messages"
+//     (https://platform.claude.com/docs/en/build-with-claude/streaming):
+//     message_start (the Message with empty content and usage
+//     input_tokens, output_tokens 1, as the page's example has it);
+//     content_block_start, ping (once, after the first block starts, as in
+//     the example), content_block_delta (text_delta, or input_json_delta
+//     pieces of a tool_use block that starts with input {}) and
+//     content_block_stop per block; message_delta with stop_reason,
+//     stop_sequence and usage.output_tokens, which the page gives as
+//     cumulative (the whole answer's count, not an increment);
+//     message_stop. See anthropic_stream.go.
+//   - OpenAI and Azure: the chat.completion.chunk stream of the API
+//     reference (https://platform.openai.com/docs/api-reference/chat-streaming,
+//     and "Create chat completion", stream and stream_options): the role
+//     chunk {"role":"assistant","content":""}, content chunks, per tool
+//     call a chunk with index, id, type and function.name then
+//     function.arguments pieces, a chunk with finish_reason, then with
+//     stream_options.include_usage the chunk with "choices":[] and the
+//     usage ("All other chunks will also include a usage field, but with a
+//     null value"), then data: [DONE]. A stream_options without
+//     "stream": true is 400 invalid_request_error, param stream_options,
+//     "The 'stream_options' parameter is only allowed when 'stream' is
+//     enabled." (OpenAI's answer, as quoted in BerriAI/litellm#5803). The
+//     obfuscation field OpenAI adds to deltas is not sent. See
+//     openai_stream.go.
+//   - Headers first: the status (200), Content-Type text/event-stream, the
+//     request id and the rate-limit headers go out with message_start or
+//     the role chunk, flushed at admission, before the first token, as
+//     the providers send them; the rate-limit figures are therefore the
+//     buckets as admission left them, before any credit-back.
+//   - Pace: the first content chunk comes Config.StreamFirstToken after
+//     admission (the provider's time to first token; default the latency
+//     in force), each next one Config.StreamChunkInterval later (default
+//     20 ms), each carrying Config.StreamChunkTokens tokens of text or
+//     tool input (default 1, 4 bytes, cut at a UTF-8 rune boundary); the
+//     closing events follow the last chunk at once. Every frame is flushed
+//     as it is written. SetStreamFirstToken, SetStreamChunkInterval,
+//     SetStreamChunkTokens and POST /mock/latency change the pace at run
+//     time.
+//   - Mid-stream errors: FaultStreamError ends the stream after
+//     Fault.AfterChunks content chunks with Anthropic's "event: error"
+//     {"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}
+//     (the streaming page's "Error events": "during periods of high usage,
+//     you may receive an overloaded_error, which would normally correspond
+//     to an HTTP 529 in a non-streaming context"), or OpenAI's
+//     data: {"error":{"message":...,"type":"server_error","param":null,"code":null}}
+//     line, which the OpenAI SDKs read as an error; no message_stop or
+//     [DONE] follows. FaultStreamCut drops the connection there instead.
+//   - Metering: admission charges a streamed call as any other. The
+//     credit-back of Anthropic's settle happens when the stream ends:
+//     max_tokens − output when it finished. A client that goes away
+//     mid-stream (its request context ends: every wait watches it, and the
+//     mock writes nothing more) is settled as a client that gives up
+//     before a non-streamed answer, to what was produced: the part of
+//     max_tokens not yet streamed goes back (all of it before the first
+//     token). A stream broken by a fault settles the same way. On the
+//     OpenAI and Azure endpoints the admission charge stands, as for
+//     every call (unless Config.RefundOpenAI).
+//   - Stats count a streamed call when its stream ends, and gauge it in
+//     flight until its last byte is written.
+//
+// Bedrock stays non-streaming: InvokeModelWithResponseStream answers in
+// the binary AWS event-stream encoding, not server-sent events.
+//
 // # Stats
 //
 // Stats (GET /mock/stats) counts answers per key fingerprint and per
 // provider, and gauges the calls in flight: from admission by the buckets
-// until the answer is written. in_flight is the number now and
+// until the answer is written (a stream: until its last byte). in_flight is the number now and
 // max_in_flight the most at once since the last reset, over all keys
 // (top level), per key and per provider. Load tests read max_in_flight to
 // check a global concurrency cap from the provider's side.
@@ -147,7 +221,9 @@
 //
 // SetFault (or POST /mock/faults) makes matching requests fail on purpose
 // (see FaultMode); injected faults do not touch the buckets and are counted
-// apart from bucket 429s in Stats.
+// apart from bucket 429s in Stats. The stream modes (stream_error,
+// stream_cut) are met by streamed requests only, after admission; a request
+// that does not stream passes them by and leaves their Count alone.
 //
 // # Secrets
 //

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"sync/atomic"
 	"time"
 )
 
@@ -36,25 +37,50 @@ const (
 	// FaultInvalidRequest answers 400 invalid_request_error: the provider
 	// refuses the request itself.
 	FaultInvalidRequest FaultMode = "invalid_request"
+	// FaultStreamError breaks a streamed answer after Fault.AfterChunks
+	// content chunks with the provider's mid-stream error: Anthropic's
+	// "event: error" overloaded_error, OpenAI's (and Azure's)
+	// "data: {"error":{... "type":"server_error"}}" line, and no
+	// message_stop or [DONE] after it. The status was 200 already.
+	FaultStreamError FaultMode = "stream_error"
+	// FaultStreamCut closes the connection of a streamed answer after
+	// Fault.AfterChunks content chunks, with no error event and no end of
+	// the chunked body: the client reads an unexpected EOF.
+	FaultStreamCut FaultMode = "stream_cut"
 )
+
+// Both stream modes apply to streamed requests only. A request that does
+// not stream passes them by (they keep their Count); a streamed request
+// meets the other modes first, since those answer before the body is read,
+// and a stream mode only once the buckets have admitted it: a broken stream
+// was charged like any admitted call (see the package doc, "Streaming").
 
 // FaultRetryAfterDefault is the retry-after of a FaultRateLimit whose
 // RetryAfter is 0.
 const FaultRetryAfterDefault = time.Second
 
+// FaultAfterChunksDefault is the number of content chunks a stream fault
+// lets through when Fault.AfterChunks is 0.
+const FaultAfterChunksDefault = 1
+
 // Valid reports whether m is a known mode.
 func (m FaultMode) Valid() bool {
 	switch m {
 	case FaultRateLimit, FaultOverloaded, FaultServerError, FaultInsufficientQuota, FaultSpendLimit, FaultTimeout,
-		FaultInvalidRequest:
+		FaultInvalidRequest, FaultStreamError, FaultStreamCut:
 		return true
 	}
 	return false
 }
 
+// breaksStream reports whether m is a stream mode, met by streamed
+// requests only.
+func (m FaultMode) breaksStream() bool { return m == FaultStreamError || m == FaultStreamCut }
+
 // Fault makes the mock fail requests on purpose. Injected faults answer
 // before the body is read and do not touch the RPM/TPM buckets; they still
-// carry the rate-limit headers of the key's current state.
+// carry the rate-limit headers of the key's current state. The stream modes
+// are the exception: they break a streamed answer the buckets admitted.
 type Fault struct {
 	// Provider is "claude", "openai" (chat and embeddings), "bedrock",
 	// "azure" or "" for every wire.
@@ -72,10 +98,31 @@ type Fault struct {
 	// server_error answers; 0 sends none on the latter two. Quota and
 	// spend-limit answers never carry one.
 	RetryAfter time.Duration
-	// Message, when set, replaces the error message of the answer, so a
-	// test can make a provider say something (an organisation id, an
-	// address) and check where it goes.
+	// Message, when set, replaces the error message of the answer (of the
+	// mid-stream error event for FaultStreamError), so a test can make a
+	// provider say something (an organisation id, an address) and check
+	// where it goes.
 	Message string
+	// AfterChunks is how many content chunks (text or tool-input deltas;
+	// an OpenAI tool call's first chunk, with its name, counts as one) a
+	// stream mode lets through before it breaks the stream, at the moment
+	// the next one would go out. 0: FaultAfterChunksDefault (1); negative:
+	// none, the stream breaks at the first token, after message_start or
+	// the role chunk. An answer with fewer chunks breaks after its last
+	// one, before the stop events. Stream modes only.
+	AfterChunks int
+}
+
+// afterChunks is f.AfterChunks with its default applied, at most chunks.
+func (f Fault) afterChunks(chunks int) int {
+	n := f.AfterChunks
+	switch {
+	case n == 0:
+		n = FaultAfterChunksDefault
+	case n < 0:
+		n = 0
+	}
+	return min(n, chunks)
 }
 
 // faultJSON is Fault on the wire of POST /mock/faults: retry_after is a Go
@@ -87,11 +134,13 @@ type faultJSON struct {
 	Count          int       `json:"count,omitempty"`
 	RetryAfter     string    `json:"retry_after,omitempty"`
 	Message        string    `json:"message,omitempty"`
+	AfterChunks    int       `json:"after_chunks,omitempty"`
 }
 
 // MarshalJSON encodes f with retry_after as a duration string.
 func (f Fault) MarshalJSON() ([]byte, error) {
-	j := faultJSON{Provider: f.Provider, KeyFingerprint: f.KeyFingerprint, Mode: f.Mode, Count: f.Count, Message: f.Message}
+	j := faultJSON{Provider: f.Provider, KeyFingerprint: f.KeyFingerprint, Mode: f.Mode, Count: f.Count, Message: f.Message,
+		AfterChunks: f.AfterChunks}
 	if f.RetryAfter != 0 {
 		j.RetryAfter = f.RetryAfter.String()
 	}
@@ -107,7 +156,8 @@ func (f *Fault) UnmarshalJSON(b []byte) error {
 	if err := dec.Decode(&j); err != nil {
 		return err
 	}
-	*f = Fault{Provider: j.Provider, KeyFingerprint: j.KeyFingerprint, Mode: j.Mode, Count: j.Count, Message: j.Message}
+	*f = Fault{Provider: j.Provider, KeyFingerprint: j.KeyFingerprint, Mode: j.Mode, Count: j.Count, Message: j.Message,
+		AfterChunks: j.AfterChunks}
 	if j.RetryAfter != "" {
 		d, err := time.ParseDuration(j.RetryAfter)
 		if err != nil {
@@ -125,7 +175,12 @@ func (f Fault) validate() error {
 		return fmt.Errorf("mockprovider: Fault.Provider %q: want claude, openai, bedrock, azure or empty", f.Provider)
 	}
 	if !f.Mode.Valid() {
-		return fmt.Errorf("mockprovider: Fault.Mode %q: want rate_limit, overloaded, server_error, insufficient_quota, spend_limit, timeout or invalid_request", f.Mode)
+		return fmt.Errorf("mockprovider: Fault.Mode %q: want rate_limit, overloaded, server_error, insufficient_quota, spend_limit, timeout, "+
+			"invalid_request, stream_error or stream_cut", f.Mode)
+	}
+	if f.AfterChunks != 0 && !f.Mode.breaksStream() {
+		// A misplaced field must not look as if it did something.
+		return fmt.Errorf("mockprovider: Fault.AfterChunks %d: only stream_error and stream_cut take it, not %s", f.AfterChunks, f.Mode)
 	}
 	if f.Count < 0 {
 		return fmt.Errorf("mockprovider: Fault.Count %d: want >= 0", f.Count)
@@ -150,7 +205,8 @@ func (s *Server) SetFault(f Fault) error {
 	s.mu.Lock()
 	s.faults = append(s.faults, &f)
 	s.mu.Unlock()
-	s.log.Info("mock provider: fault set", "provider", f.Provider, "key", f.KeyFingerprint, "mode", f.Mode, "count", f.Count, "retry_after", f.RetryAfter)
+	s.log.Info("mock provider: fault set", "provider", f.Provider, "key", f.KeyFingerprint, "mode", f.Mode, "count", f.Count,
+		"retry_after", f.RetryAfter, "after_chunks", f.AfterChunks)
 	return nil
 }
 
@@ -175,11 +231,12 @@ func (s *Server) Faults() []Fault {
 	return out
 }
 
-// takeFault returns the first fault matching (p, fp), using up one of its
-// Count. The caller holds s.mu.
-func (s *Server) takeFault(p provider, fp string) (Fault, bool) {
+// takeFault returns the first fault matching (p, fp) among the stream
+// modes (stream) or the others (!stream), using up one of its Count. The
+// caller holds s.mu.
+func (s *Server) takeFault(p provider, fp string, stream bool) (Fault, bool) {
 	for i, f := range s.faults {
-		if !f.matches(p, fp) {
+		if !f.matches(p, fp) || f.Mode.breaksStream() != stream {
 			continue
 		}
 		got := *f
@@ -194,7 +251,8 @@ func (s *Server) takeFault(p provider, fp string) (Fault, bool) {
 	return Fault{}, false
 }
 
-// faultError is the answer an injected fault gives, or nil for a timeout.
+// faultError is the answer an injected fault gives, or nil for a timeout
+// (and the stream modes, which stream.go answers).
 func faultError(f Fault) *apiError {
 	e := faultKind(f)
 	if e != nil {
@@ -256,11 +314,23 @@ func (s *Server) handleClearFaults(w http.ResponseWriter, _ *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// latencyJSON is the body of POST /mock/latency; an absent field keeps its
-// setting.
+// latencyJSON is the body of POST /mock/latency and its answer; an absent
+// field keeps its setting. The stream fields mean what the Config fields of
+// the same name do, negative durations included.
 type latencyJSON struct {
-	Latency *string `json:"latency"`
-	Jitter  *string `json:"jitter"`
+	Latency             *string `json:"latency,omitempty"`
+	Jitter              *string `json:"jitter,omitempty"`
+	StreamFirstToken    *string `json:"stream_first_token,omitempty"`
+	StreamChunkInterval *string `json:"stream_chunk_interval,omitempty"`
+	StreamChunkTokens   *int    `json:"stream_chunk_tokens,omitempty"`
+}
+
+// latencySetting is one duration field of latencyJSON and its setter.
+type latencySetting struct {
+	field    string
+	value    *string
+	negative bool // a negative duration has a meaning
+	set      func(time.Duration)
 }
 
 func (s *Server) handleSetLatency(w http.ResponseWriter, r *http.Request) {
@@ -269,38 +339,65 @@ func (s *Server) handleSetLatency(w http.ResponseWriter, r *http.Request) {
 		writeAdminError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	parse := func(field string, v *string) (time.Duration, bool) {
-		d, err := time.ParseDuration(*v)
-		if err != nil || d < 0 {
-			writeAdminError(w, http.StatusBadRequest, fmt.Sprintf("%s %q: want a duration >= 0 such as \"200ms\"", field, *v))
-			return 0, false
-		}
-		return d, true
+	settings := []latencySetting{
+		{"latency", j.Latency, false, s.SetLatency},
+		{"jitter", j.Jitter, false, s.SetLatencyJitter},
+		{"stream_first_token", j.StreamFirstToken, true, s.SetStreamFirstToken},
+		{"stream_chunk_interval", j.StreamChunkInterval, true, s.SetStreamChunkInterval},
 	}
-	if j.Latency == nil && j.Jitter == nil {
-		writeAdminError(w, http.StatusBadRequest, `want {"latency": "200ms"} and/or {"jitter": "50ms"}`)
+	// Parse every field before setting any, so a bad body changes nothing.
+	durations := make([]time.Duration, len(settings))
+	given := j.StreamChunkTokens != nil
+	for i, st := range settings {
+		if st.value == nil {
+			continue
+		}
+		given = true
+		d, err := time.ParseDuration(*st.value)
+		if err != nil || (d < 0 && !st.negative) {
+			want := "a duration >= 0"
+			if st.negative {
+				want = "a duration (negative: none)"
+			}
+			writeAdminError(w, http.StatusBadRequest, fmt.Sprintf("%s %q: want %s such as \"200ms\"", st.field, *st.value, want))
+			return
+		}
+		durations[i] = d
+	}
+	if !given {
+		writeAdminError(w, http.StatusBadRequest, `want one or more of {"latency": "200ms", "jitter": "50ms", `+
+			`"stream_first_token": "500ms", "stream_chunk_interval": "20ms", "stream_chunk_tokens": 1}`)
 		return
 	}
-	var lat, jit time.Duration
-	var ok bool
-	if j.Latency != nil {
-		if lat, ok = parse("latency", j.Latency); !ok {
-			return
+	if n := j.StreamChunkTokens; n != nil && (*n < 0 || *n > StreamChunkTokensMax) {
+		writeAdminError(w, http.StatusBadRequest, fmt.Sprintf("stream_chunk_tokens %d: want 0..%d (0 = default %d)",
+			*n, StreamChunkTokensMax, StreamChunkTokensDefault))
+		return
+	}
+	for i, st := range settings {
+		if st.value != nil {
+			st.set(durations[i])
 		}
 	}
-	if j.Jitter != nil {
-		if jit, ok = parse("jitter", j.Jitter); !ok {
-			return
-		}
+	if n := j.StreamChunkTokens; n != nil {
+		s.SetStreamChunkTokens(*n)
 	}
-	if j.Latency != nil {
-		s.SetLatency(lat)
+	writeJSON(w, http.StatusOK, s.latencySettings())
+}
+
+// latencySettings reports the latency and the stream pace in force, as
+// POST /mock/latency takes them.
+func (s *Server) latencySettings() latencyJSON {
+	str := func(v *atomic.Int64) *string {
+		d := time.Duration(v.Load()).String()
+		return &d
 	}
-	if j.Jitter != nil {
-		s.SetLatencyJitter(jit)
+	n := int(s.chunkTokens.Load())
+	return latencyJSON{
+		Latency:             str(&s.latency),
+		Jitter:              str(&s.jitter),
+		StreamFirstToken:    str(&s.firstToken),
+		StreamChunkInterval: str(&s.chunkInterval),
+		StreamChunkTokens:   &n,
 	}
-	writeJSON(w, http.StatusOK, map[string]string{
-		"latency": time.Duration(s.latency.Load()).String(),
-		"jitter":  time.Duration(s.jitter.Load()).String(),
-	})
 }

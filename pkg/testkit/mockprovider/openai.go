@@ -88,6 +88,9 @@ func (openAIBase) writeError(w http.ResponseWriter, e *apiError, _ string) {
 		if e.status != 0 {
 			status = e.status
 		}
+		if e.param != "" {
+			d.Param = str(e.param)
+		}
 	case errAuth:
 		status, d.Type = http.StatusUnauthorized, "invalid_request_error"
 		d.Message = "You didn't provide an API key. You need to provide your API key in an Authorization header " +
@@ -141,7 +144,13 @@ type chatRequest struct {
 	Temperature         *float64        `json:"temperature"`
 	Stop                json.RawMessage `json:"stop"`
 	Stream              bool            `json:"stream"`
+	StreamOptions       json.RawMessage `json:"stream_options"`
 	N                   *int            `json:"n"`
+}
+
+// chatStreamOptions is "stream_options".
+type chatStreamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
 }
 
 type chatMessage struct {
@@ -253,9 +262,18 @@ func (chatWire) parse(body []byte) (*call, *apiError) {
 	if err := json.Unmarshal(body, &req); err != nil {
 		return nil, invalid("We could not parse the JSON body of your request: %v", err)
 	}
+	var opts chatStreamOptions
+	if raw := bytes.TrimSpace(req.StreamOptions); len(raw) > 0 && !bytes.Equal(raw, []byte("null")) {
+		if !req.Stream {
+			// OpenAI's wording (as quoted in BerriAI/litellm#5803).
+			return nil, &apiError{kind: errInvalid, param: "stream_options",
+				message: "The 'stream_options' parameter is only allowed when 'stream' is enabled."}
+		}
+		if err := json.Unmarshal(raw, &opts); err != nil {
+			return nil, &apiError{kind: errInvalid, param: "stream_options", message: fmt.Sprintf("stream_options: %v", err)}
+		}
+	}
 	switch {
-	case req.Stream:
-		return nil, invalid("stream: the mock provider does not stream; send stream=false")
 	case req.Model == "":
 		return nil, invalid("you must provide a model parameter")
 	case len(req.Messages) == 0:
@@ -338,32 +356,43 @@ func (chatWire) parse(body []byte) (*call, *apiError) {
 	}
 
 	input := tokensForBytes(inputBytes)
-	return &call{
+	cl := &call{
 		model:       req.Model,
 		inputTokens: input,
 		reserve:     reserve,
 		build: func(now time.Time) (any, int) {
 			a := answerTo(c)
-			msg := chatOutMessage{Role: "assistant"}
-			if len(a.calls) == 0 {
-				msg.Content = &a.text
-			}
-			for _, tc := range a.calls {
-				msg.ToolCalls = append(msg.ToolCalls, chatToolCall{
-					ID: callID("call_", tc.n), Type: "function",
-					Function: chatFunctionCall{Name: tc.name, Arguments: string(tc.input)},
-				})
-			}
-			return chatResponse{
-				ID:      "chatcmpl-" + randomHex(12),
-				Object:  "chat.completion",
-				Created: now.Unix(),
-				Model:   req.Model,
-				Choices: []chatChoice{{Index: 0, Message: msg, FinishReason: finishReason(a.stop)}},
-				Usage:   chatUsage{PromptTokens: input, CompletionTokens: a.outputTokens, TotalTokens: input + a.outputTokens},
-			}, a.outputTokens
+			return chatCompletion(req.Model, now, input, a), a.outputTokens
 		},
-	}, nil
+	}
+	if req.Stream {
+		cl.stream = func(now time.Time, chunkBytes int) *script {
+			return chatScript(chatCompletion(req.Model, now, input, answerTo(c)), opts.IncludeUsage, chunkBytes)
+		}
+	}
+	return cl, nil
+}
+
+// chatCompletion is the chat.completion carrying a.
+func chatCompletion(model string, now time.Time, input int, a answer) chatResponse {
+	msg := chatOutMessage{Role: "assistant"}
+	if len(a.calls) == 0 {
+		msg.Content = &a.text
+	}
+	for _, tc := range a.calls {
+		msg.ToolCalls = append(msg.ToolCalls, chatToolCall{
+			ID: callID("call_", tc.n), Type: "function",
+			Function: chatFunctionCall{Name: tc.name, Arguments: string(tc.input)},
+		})
+	}
+	return chatResponse{
+		ID:      "chatcmpl-" + randomHex(12),
+		Object:  "chat.completion",
+		Created: now.Unix(),
+		Model:   model,
+		Choices: []chatChoice{{Index: 0, Message: msg, FinishReason: finishReason(a.stop)}},
+		Usage:   chatUsage{PromptTokens: input, CompletionTokens: a.outputTokens, TotalTokens: input + a.outputTokens},
+	}
 }
 
 // parseStop reads "stop": a string or up to 4 strings.

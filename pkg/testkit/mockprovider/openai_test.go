@@ -131,7 +131,7 @@ func TestChatInvalidRequests(t *testing.T) {
 		{"tool without id", "k", map[string]any{"model": "m", "messages": []any{map[string]any{"role": "tool", "content": "x"}}}, 400, "invalid_request_error", "tool_call_id"},
 		{"max_tokens 0", "k", map[string]any{"model": "m", "max_tokens": 0, "messages": user}, 400, "invalid_request_error", "max_tokens"},
 		{"temperature", "k", map[string]any{"model": "m", "temperature": 2.5, "messages": user}, 400, "invalid_request_error", "temperature"},
-		{"stream", "k", map[string]any{"model": "m", "stream": true, "messages": user}, 400, "invalid_request_error", "stream"},
+		{"stream not a boolean", "k", map[string]any{"model": "m", "stream": "yes", "messages": user}, 400, "invalid_request_error", "stream"},
 		{"bad tool type", "k", map[string]any{"model": "m", "messages": user, "tools": []any{map[string]any{"type": "web"}}}, 400, "invalid_request_error", "tools"},
 		{"bad json", "k", "[", 400, "invalid_request_error", "JSON"},
 	}

@@ -8,10 +8,12 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/anthropics/anthropic-sdk-go/v2"
 	aoption "github.com/anthropics/anthropic-sdk-go/v2/option"
+	"github.com/google/go-cmp/cmp"
 	"github.com/openai/openai-go/v3"
 	ooption "github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/shared"
@@ -153,5 +155,132 @@ func TestOpenAISDK(t *testing.T) {
 	_, err = c.Chat.Completions.New(ctx, params)
 	if !errors.As(err, &apiErr) || apiErr.StatusCode != 429 || apiErr.Code != "rate_limit_exceeded" || apiErr.Response.Header.Get("retry-after-ms") != "1500" {
 		t.Errorf("rate limited: err = %v", err)
+	}
+}
+
+// The streams accumulated by the SDKs' own helpers must equal the
+// non-streamed answers, and a mid-stream error must surface as the SDKs'
+// error.
+
+func TestAnthropicSDKStream(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, Config{StreamChunkInterval: -1})
+	c := anthropicClient(b, "sk-ant-sdk")
+	text := anthropic.MessageNewParams{
+		Model:     "claude-sonnet-test",
+		MaxTokens: 200,
+		Messages:  []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock(streamPrompt))},
+	}
+	tools := text
+	tools.Messages = []anthropic.MessageParam{anthropic.NewUserMessage(anthropic.NewTextBlock("run fetch_logs and search_kb"))}
+	for _, name := range []string{"fetch_logs", "search_kb"} {
+		tools.Tools = append(tools.Tools, anthropic.ToolUnionParamOfTool(anthropic.ToolInputSchemaParam{}, name))
+	}
+	// What an adapter reads of a Message.
+	summary := func(m anthropic.Message) []any {
+		s := []any{m.Model, m.Role, m.StopReason, m.StopSequence, m.Usage.InputTokens, m.Usage.OutputTokens}
+		for _, b := range m.Content {
+			s = append(s, b.Type, b.Text, b.ID, b.Name, string(b.Input))
+		}
+		return s
+	}
+	for name, params := range map[string]anthropic.MessageNewParams{"text": text, "tool calls": tools} {
+		want, err := c.Messages.New(ctx, params)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		stream := c.Messages.NewStreaming(ctx, params)
+		defer stream.Close()
+		var got anthropic.Message
+		events := 0
+		for stream.Next() {
+			if err := got.Accumulate(stream.Current()); err != nil {
+				t.Fatalf("%s: accumulating: %v", name, err)
+			}
+			events++
+		}
+		if err := stream.Err(); err != nil {
+			t.Fatalf("%s: stream: %v", name, err)
+		}
+		if diff := cmp.Diff(summary(*want), summary(got)); diff != "" || events < 8 {
+			t.Errorf("%s: %d events; accumulated (-non-streamed +streamed):\n%s", name, events, diff)
+		}
+	}
+
+	if err := b.srv.SetFault(Fault{Mode: FaultStreamError, Count: 1, AfterChunks: 2}); err != nil {
+		t.Fatal(err)
+	}
+	// The SDK stops at the error event without closing the body.
+	stream := c.Messages.NewStreaming(ctx, text)
+	defer stream.Close()
+	for stream.Next() {
+	}
+	var apiErr *anthropic.Error
+	if err := stream.Err(); !errors.As(err, &apiErr) || apiErr.Type() != "overloaded_error" || apiErr.RequestID == "" {
+		t.Errorf("mid-stream error: err = %v", err)
+	}
+}
+
+func TestOpenAISDKStream(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, Config{StreamChunkInterval: -1})
+	c := openAIClient(b, "sk-openai-sdk")
+	text := openai.ChatCompletionNewParams{
+		Model:         "gpt-test",
+		MaxTokens:     openai.Int(200),
+		Messages:      []openai.ChatCompletionMessageParamUnion{openai.UserMessage(streamPrompt)},
+		StreamOptions: openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)},
+	}
+	tools := text
+	tools.Messages = []openai.ChatCompletionMessageParamUnion{openai.UserMessage("run fetch_logs and search_kb")}
+	tools.Tools = []openai.ChatCompletionToolUnionParam{
+		openai.ChatCompletionFunctionTool(shared.FunctionDefinitionParam{Name: "fetch_logs"}),
+		openai.ChatCompletionFunctionTool(shared.FunctionDefinitionParam{Name: "search_kb"}),
+	}
+	// What an adapter reads of a completion.
+	summary := func(cc openai.ChatCompletion) []any {
+		ch := cc.Choices[0]
+		s := []any{cc.Model, ch.Message.Content, ch.FinishReason, cc.Usage.PromptTokens, cc.Usage.CompletionTokens, cc.Usage.TotalTokens}
+		for _, tc := range ch.Message.ToolCalls {
+			s = append(s, tc.ID, tc.Function.Name, tc.Function.Arguments)
+		}
+		return s
+	}
+	for name, params := range map[string]openai.ChatCompletionNewParams{"text": text, "tool calls": tools} {
+		nonStreamed := params
+		nonStreamed.StreamOptions = openai.ChatCompletionStreamOptionsParam{} // only allowed with stream
+		want, err := c.Chat.Completions.New(ctx, nonStreamed)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		stream := c.Chat.Completions.NewStreaming(ctx, params)
+		defer stream.Close()
+		var acc openai.ChatCompletionAccumulator
+		chunks := 0
+		for stream.Next() {
+			if !acc.AddChunk(stream.Current()) {
+				t.Fatalf("%s: chunk %d refused by the accumulator: %s", name, chunks, stream.Current().RawJSON())
+			}
+			chunks++
+		}
+		if err := stream.Err(); err != nil {
+			t.Fatalf("%s: stream: %v", name, err)
+		}
+		if diff := cmp.Diff(summary(*want), summary(acc.ChatCompletion)); diff != "" || chunks < 4 {
+			t.Errorf("%s: %d chunks; accumulated (-non-streamed +streamed):\n%s", name, chunks, diff)
+		}
+	}
+
+	if err := b.srv.SetFault(Fault{Mode: FaultStreamError, Count: 1, AfterChunks: 2}); err != nil {
+		t.Fatal(err)
+	}
+	stream := c.Chat.Completions.NewStreaming(ctx, text)
+	defer stream.Close()
+	for stream.Next() {
+	}
+	if err := stream.Err(); err == nil || !strings.Contains(err.Error(), "server_error") {
+		t.Errorf("mid-stream error: err = %v", err)
 	}
 }

@@ -36,6 +36,15 @@ const (
 	// WindowMax bounds Config.Window: a whole minute is the unquantized
 	// per-minute bucket.
 	WindowMax = time.Minute
+	// StreamChunkIntervalDefault is the gap between the content chunks of
+	// a streamed answer when Config.StreamChunkInterval is 0.
+	StreamChunkIntervalDefault = 20 * time.Millisecond
+	// StreamChunkTokensDefault is the size of a streamed content chunk, in
+	// tokens of CountTokens (4 bytes each), when Config.StreamChunkTokens
+	// is 0.
+	StreamChunkTokensDefault = 1
+	// StreamChunkTokensMax bounds Config.StreamChunkTokens.
+	StreamChunkTokensMax = 1 << 20
 )
 
 // Limits are the rate limits of one API key on one endpoint. A zero field
@@ -74,7 +83,8 @@ type Limits struct {
 // limits.
 type Config struct {
 	// Latency is added before each successful answer (not before errors).
-	// Default 0.
+	// A streamed answer waits it before its first content chunk unless
+	// StreamFirstToken says otherwise. Default 0.
 	Latency time.Duration
 	// LatencyJitter spreads Latency uniformly over
 	// [Latency-LatencyJitter, Latency+LatencyJitter], never below 0.
@@ -109,6 +119,21 @@ type Config struct {
 	// counts max_tokens at admission and documents no refund (see the
 	// package doc, "Rate limits"), and the mock is the harsher provider.
 	RefundOpenAI bool
+	// StreamFirstToken is a streamed answer's time to first token: from
+	// admission by the buckets to the first content chunk. The headers
+	// and message_start (Anthropic) or the role chunk (OpenAI) go out at
+	// admission, before it. 0 (the default): the latency in force
+	// (Latency ± LatencyJitter, as SetLatency changes it); negative: no
+	// wait. Measured on the wall clock, not Now.
+	StreamFirstToken time.Duration
+	// StreamChunkInterval is the gap between two content chunks of a
+	// streamed answer. 0: StreamChunkIntervalDefault (20 ms); negative:
+	// none, the chunks go out back to back.
+	StreamChunkInterval time.Duration
+	// StreamChunkTokens is how many tokens a content chunk carries, at
+	// CountTokens' rate of 4 bytes a token, cut at a UTF-8 rune boundary.
+	// 0: StreamChunkTokensDefault (1); at most StreamChunkTokensMax.
+	StreamChunkTokens int
 }
 
 func (c *Config) withDefaults() {
@@ -124,6 +149,28 @@ func (c *Config) withDefaults() {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	c.StreamChunkInterval = streamChunkInterval(c.StreamChunkInterval)
+	c.StreamChunkTokens = streamChunkTokens(c.StreamChunkTokens)
+}
+
+// streamChunkInterval applies the default and the meaning of a negative
+// value to a StreamChunkInterval setting.
+func streamChunkInterval(d time.Duration) time.Duration {
+	switch {
+	case d == 0:
+		return StreamChunkIntervalDefault
+	case d < 0:
+		return 0
+	}
+	return d
+}
+
+// streamChunkTokens applies the default to a StreamChunkTokens setting.
+func streamChunkTokens(n int) int {
+	if n == 0 {
+		return StreamChunkTokensDefault
+	}
+	return n
 }
 
 func (c *Config) validate() error {
@@ -149,6 +196,10 @@ func (c *Config) validate() error {
 	}
 	if c.Window <= 0 || c.Window > WindowMax {
 		return fmt.Errorf("mockprovider: Config.Window %s: want > 0 and <= %s (0 = default %s)", c.Window, WindowMax, WindowDefault)
+	}
+	if c.StreamChunkTokens < 1 || c.StreamChunkTokens > StreamChunkTokensMax {
+		return fmt.Errorf("mockprovider: Config.StreamChunkTokens %d: want 1..%d (0 = default %d)",
+			c.StreamChunkTokens, StreamChunkTokensMax, StreamChunkTokensDefault)
 	}
 	return nil
 }
@@ -193,6 +244,13 @@ type Server struct {
 	jitter  atomic.Int64  // time.Duration
 	mux     *http.ServeMux
 
+	// The pace of streamed answers, as Config.StreamFirstToken (0 follows
+	// the latency, negative is none), StreamChunkInterval (resolved: 0 is
+	// none) and StreamChunkTokens (resolved).
+	firstToken    atomic.Int64 // time.Duration
+	chunkInterval atomic.Int64 // time.Duration
+	chunkTokens   atomic.Int64
+
 	defaultLimits Limits
 	keyLimits     map[string]Limits // by fingerprint; read-only after New
 
@@ -236,6 +294,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	s.latency.Store(int64(cfg.Latency))
 	s.jitter.Store(int64(cfg.LatencyJitter))
+	s.firstToken.Store(int64(cfg.StreamFirstToken))
+	s.chunkInterval.Store(int64(cfg.StreamChunkInterval))
+	s.chunkTokens.Store(int64(cfg.StreamChunkTokens))
 
 	s.mux.HandleFunc("POST /v1/messages", func(w http.ResponseWriter, r *http.Request) { s.serve(w, r, anthropicWire{}) })
 	s.mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { s.serve(w, r, chatWire{}) })
@@ -326,6 +387,7 @@ type apiError struct {
 	kind       errKind
 	status     int    // errInvalid only; 0 means 400
 	message    string // errInvalid only; others use the wire's wording
+	param      string // errInvalid only: OpenAI's error.param, "" for null
 	custom     string // a fault's Message: replaces the wording, "" keeps it
 	retryAfter time.Duration
 	// For rate-limit messages: which bucket refused ("requests" or
@@ -356,6 +418,10 @@ type call struct {
 	embeddingInputs int
 	// build computes the answer body and its output tokens.
 	build func(now time.Time) (body any, outputTokens int)
+	// stream renders the same answer as build, as a stream of content
+	// chunks of at most chunkBytes bytes each; nil unless the request asked
+	// for a stream (stream.go).
+	stream func(now time.Time, chunkBytes int) *script
 }
 
 // wire is one endpoint's wire format.
@@ -374,7 +440,8 @@ type wire interface {
 
 // serve is the request path common to every endpoint: authenticate,
 // preflight, injected fault, parse, admission against the buckets, latency,
-// answer, credit-back. Every answer after authentication carries the key's
+// answer, credit-back; or, for a streamed request, after admission the
+// stream (stream.go), which paces itself and settles when it ends. Every answer after authentication carries the key's
 // rate-limit headers.
 func (s *Server) serve(w http.ResponseWriter, r *http.Request, wr wire) {
 	p := wr.provider()
@@ -409,7 +476,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, wr wire) {
 	}
 
 	s.mu.Lock()
-	f, faulted := s.takeFault(p, fp)
+	f, faulted := s.takeFault(p, fp, false)
 	s.mu.Unlock()
 	if faulted {
 		count := func(c *Counters) {
@@ -451,10 +518,17 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request, wr wire) {
 	if !ok {
 		return
 	}
+	admitted := time.Now() // the stream's pace runs on the wall clock
 	// In flight from admission until the answer is written: the deferred
 	// landing runs before net/http sends the buffered body, so a client
-	// that holds the answer sees its call counted out.
+	// that holds the answer sees its call counted out. A stream lands
+	// after its last byte is flushed.
 	defer s.land(p, fp)
+
+	if cl.stream != nil {
+		s.streamAnswer(w, r, wr, lk, lim, cl, admitted)
+		return
+	}
 
 	if !s.sleep(r, s.delay()) {
 		// The client gave up before the answer: nothing was generated, so

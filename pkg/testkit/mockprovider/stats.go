@@ -20,7 +20,9 @@ type Counters struct {
 	// Requests counts authenticated requests to a provider endpoint,
 	// whatever their outcome.
 	Requests int64 `json:"requests"`
-	// OK counts 200 answers (chat and embeddings).
+	// OK counts 200 answers (chat and embeddings). A streamed answer counts
+	// when its stream ends: here when it finished, under Injected when a
+	// stream fault broke it, under Requests only when the client left.
 	OK int64 `json:"ok"`
 	// RateLimited counts 429s from the RPM/TPM buckets: over-subscription
 	// by the caller. Injected 429s are not counted here.
@@ -43,8 +45,8 @@ type Counters struct {
 	Embeddings      int64 `json:"embeddings"`
 	EmbeddingInputs int64 `json:"embedding_inputs"`
 	// InFlight is a gauge, not a count: the calls admitted by the buckets
-	// whose answer is not yet written (injected faults and refusals never
-	// enter). MaxInFlight is the most there were at once since New or the
+	// whose answer is not yet written, a stream until its last byte
+	// (injected faults and refusals never enter). MaxInFlight is the most there were at once since New or the
 	// last Reset; load tests read it to check a concurrency cap from the
 	// provider's side.
 	InFlight    int64 `json:"in_flight"`
