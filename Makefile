@@ -17,7 +17,7 @@ bench:
 	BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -run '^$$' -bench . -benchtime 2s -count 3 ./pkg/keypool
 	BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -run '^$$' -bench . -benchtime 1000x -count 3 ./pkg/cache
 	BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -run '^$$' -bench CacheThroughAPI -benchtime 400x -count 3 ./pkg/service
-	BULWARK_RACE=0 scripts/test.sh -run '^$$' -bench 'QueuedPath|ThousandStreams|CompatPath|IdleProcesses' -benchtime 1x -count 3 ./pkg/service
+	BULWARK_RACE=0 scripts/test.sh -run '^$$' -bench 'QueuedPath|ThousandStreams|CompatPath|IdleProcesses|StreamTTFB' -benchtime 1x -count 3 ./pkg/service
 	$(MAKE) storm
 	$(MAKE) scale
 
