@@ -3,6 +3,7 @@ package service_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -92,6 +93,14 @@ func TestOpenAISDKStreamsAsTheProviderWrites(t *testing.T) {
 // and when each content chunk arrived.
 func openAIStream(t *testing.T, c openai.Client, params openai.ChatCompletionNewParams) (openai.ChatCompletionAccumulator, []time.Time) {
 	t.Helper()
+	acc, at, err := openAIStreamErr(c, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return acc, at
+}
+
+func openAIStreamErr(c openai.Client, params openai.ChatCompletionNewParams) (openai.ChatCompletionAccumulator, []time.Time, error) {
 	stream := c.Chat.Completions.NewStreaming(context.Background(), params)
 	acc := openai.ChatCompletionAccumulator{}
 	var at []time.Time
@@ -103,9 +112,9 @@ func openAIStream(t *testing.T, c openai.Client, params openai.ChatCompletionNew
 		}
 	}
 	if err := stream.Err(); err != nil {
-		t.Fatalf("openai-go stream: %v", err)
+		return acc, at, fmt.Errorf("openai-go stream: %w", err)
 	}
-	return acc, at
+	return acc, at, nil
 }
 
 func sameJSONText(a, b string) bool {
@@ -271,5 +280,45 @@ func addDeltas(t *testing.T, b *strings.Builder, ev sseEvent) {
 		if s, ok := d.(map[string]any)["text"].(string); ok {
 			b.WriteString(s)
 		}
+	}
+}
+
+// Identical streaming calls in flight share one provider call, and every
+// caller gets the answer streamed, the one that joined late from its
+// first delta.
+func TestCoalescedStreamsShareTheDeltas(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{mock: mockprovider.Config{
+		StreamFirstToken: 300 * time.Millisecond, StreamChunkInterval: streamPace, StreamChunkTokens: 1}})
+	api := s.startAPI()
+	s.startWorker()
+	c := openAIAt(api, devToken)
+	prompt := "describe the brake fault of car 19 in detail"
+	params := openai.ChatCompletionNewParams{Model: "gpt-4o",
+		Messages: []openai.ChatCompletionMessageParamUnion{openai.UserMessage(prompt)}}
+	type got struct {
+		text string
+		at   []time.Time
+		err  error
+	}
+	out := make(chan got, 2)
+	for range 2 {
+		go func() {
+			acc, at, err := openAIStreamErr(c, params)
+			if err != nil {
+				out <- got{err: err}
+				return
+			}
+			out <- got{acc.Choices[0].Message.Content, at, nil}
+		}()
+	}
+	for range 2 {
+		g := <-out
+		if g.err != nil || g.text != mockprovider.Reply(prompt) || len(g.at) < 4 {
+			t.Fatalf("a caller got %q in %d chunks (%v)", g.text, len(g.at), g.err)
+		}
+	}
+	if n := s.mock.Stats().Providers["openai"].Requests; n != 1 {
+		t.Fatalf("%d provider calls for two identical calls in flight, want 1", n)
 	}
 }
