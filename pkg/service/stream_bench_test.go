@@ -68,7 +68,7 @@ func benchStream(b *testing.B, clients, n int) {
 	b.StopTimer()
 	s := newSystem(b, opts{quiet: true, keysYML: streamKeys,
 		extraYML: "queue: {queue_max_depth: 20000, max_concurrent_llm_calls: 64}\ncache: {enabled: false}",
-		mock: mockprovider.Config{StreamFirstToken: benchFirstToken, StreamChunkInterval: benchChunkGap, StreamChunkTokens: 1}})
+		mock:     mockprovider.Config{StreamFirstToken: benchFirstToken, StreamChunkInterval: benchChunkGap, StreamChunkTokens: 1}})
 	s.cfg.Worker.Concurrency = 64
 	api := s.startAPI()
 	s.startWorker()
