@@ -321,4 +321,13 @@ func TestCoalescedStreamsShareTheDeltas(t *testing.T) {
 	if n := s.mock.Stats().Providers["openai"].Requests; n != 1 {
 		t.Fatalf("%d provider calls for two identical calls in flight, want 1", n)
 	}
+
+	// Asked again: answered at once from what the stream assembled (the
+	// cache, or the request just ended), streamed in pieces.
+	body := `{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"` + prompt + `"}]}`
+	resp, raw := send(t, "POST", api.ts.URL+"/v1/chat/completions", body, "Authorization", "Bearer "+devToken)
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Bulwark-Cache") == "none" || resp.Header.Get("X-Bulwark-Provider") == "" ||
+		strings.Count(string(raw), `"content":"`) < 3 || s.mock.Stats().Providers["openai"].Requests != 1 {
+		t.Fatalf("asked again: %d %v\n%s", resp.StatusCode, resp.Header, raw)
+	}
 }
