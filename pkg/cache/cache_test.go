@@ -546,7 +546,9 @@ func TestHitCounts(t *testing.T) {
 
 func TestHitFlusherRuns(t *testing.T) {
 	t.Parallel()
-	b := setup(t, Config{HitFlushInterval: 10 * time.Millisecond})
+	// A flush that fails drops its batch (the counts are statistics): a
+	// loaded CI machine's slow UPDATE must not pass the query timeout.
+	b := setup(t, Config{HitFlushInterval: 10 * time.Millisecond, QueryTimeout: 5 * time.Second})
 	ctx := context.Background()
 	require.NoError(t, b.cache.Store(ctx, key(diagPrompt), nil, answer))
 	require.NoError(t, b.cache.Start(ctx))
@@ -555,7 +557,7 @@ func TestHitFlusherRuns(t *testing.T) {
 	require.Eventually(t, func() bool {
 		var n int64
 		return b.pool.QueryRow(ctx, "SELECT hit_count FROM semantic_cache WHERE id = $1", hit.ID).Scan(&n) == nil && n == 1
-	}, 5*time.Second, 5*time.Millisecond)
+	}, 15*time.Second, 5*time.Millisecond)
 }
 
 // proxy forwards TCP to PostgreSQL until Close, which cuts every connection
