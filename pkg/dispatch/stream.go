@@ -15,8 +15,8 @@ import (
 // llm.Streamer when it has one, and each delta the provider sends goes to
 // the request's event stream as it arrives (job.EventDelta), where the API
 // process holding the caller's connection, and any event stream on the
-// request, reads it. Bedrock has no streaming adapter: its answers reach
-// a streaming caller whole, at the end.
+// request, reads it. An adapter without streaming would reach a
+// streaming caller whole, at the end (every adapter streams today).
 //
 // The worker never waits for a reader: it writes the deltas to Redis and
 // keeps reading the provider, whoever is slow. Writes are one at a time

@@ -1,6 +1,7 @@
 package service_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -31,6 +32,22 @@ func TestFallbackChainThroughBedrock(t *testing.T) {
 	res, _ := out["result"].(map[string]any)
 	if out["status"] != "completed" || res["provider"] != "bedrock" || res["content"] != mockprovider.Reply("which hop answers?") {
 		t.Fatalf("with claude refused: %v", out)
+	}
+	// Streamed, Bedrock's event stream reaches the caller as deltas.
+	body := ask("stream the hop")
+	body["stream"] = true
+	id = api.submit(t, body)
+	ch, stop := stream(t, api.ts.URL+"/v1/requests/"+id+"/events", devToken, "")
+	var text strings.Builder
+	for ev := next(t, ch, 20*time.Second, "delta", "completed", "failed"); ev.Type != "completed"; ev = next(t, ch, 20*time.Second, "delta", "completed", "failed") {
+		if ev.Type != "delta" {
+			t.Fatalf("streamed through bedrock: %s %v", ev.Type, ev.Data)
+		}
+		addDeltas(t, &text, ev)
+	}
+	stop()
+	if text.String() != mockprovider.Reply("stream the hop") {
+		t.Fatalf("bedrock's deltas carry %q", text.String())
 	}
 	if err := s.mock.SetFault(mockprovider.Fault{Provider: "bedrock", Mode: mockprovider.FaultOverloaded}); err != nil {
 		t.Fatal(err)

@@ -40,6 +40,11 @@
 // profile id ("us.anthropic.claude-…") or an ARN, escaped into the path as
 // the SDK escapes it.
 //
+// Stream (llm.Streamer) calls InvokeModelWithResponseStream
+// (/model/{modelId}/invoke-with-response-stream) with the same body and
+// signature; the answer is an AWS event stream whose "chunk" events each
+// carry one event of Anthropic's Messages stream (see ReadStream).
+//
 // # Rate limits
 //
 // Bedrock sends no rate-limit headers: every Result and *llm.Error has a
@@ -215,8 +220,20 @@ func InvokePath(model string) string {
 // the error wraps ctx's error (errors.Is(err, context.Canceled)) and is not
 // an *llm.Error.
 func (c *Client) Complete(ctx context.Context, cred llm.Credential, req *llm.Request) (*llm.Result, error) {
+	call, w, err := c.call(ctx, cred, req, InvokePath(req.Model), "")
+	if err != nil {
+		return nil, err
+	}
+	return provider.Do(ctx, c.hc, call, w)
+}
+
+// call is the signed POST of req to path in cred.Region, sent with accept
+// ("" for Post's application/json), and the Wire reading its replies with
+// Bedrock's error table. Its error is Complete's for a key or a request
+// that cannot be sent.
+func (c *Client) call(ctx context.Context, cred llm.Credential, req *llm.Request, path, accept string) (provider.Call, provider.Wire, error) {
 	if c.err != nil {
-		return nil, c.err
+		return provider.Call{}, provider.Wire{}, c.err
 	}
 	p := c.cfg.Provider
 	region := cred.Region
@@ -225,25 +242,15 @@ func (c *Client) Complete(ctx context.Context, cred llm.Credential, req *llm.Req
 		if region != "" {
 			msg = fmt.Sprintf("the key's region %q is not an AWS region", provider.Redact(region))
 		}
-		return nil, &llm.Error{Class: llm.ClassAuth, Provider: p, Message: msg}
+		return provider.Call{}, provider.Wire{}, &llm.Error{Class: llm.ClassAuth, Provider: p, Message: msg}
 	}
 	body, err := EncodeRequest(req, c.cfg.AnthropicVersion)
 	if err != nil {
-		return nil, &llm.Error{Class: llm.ClassPermanent, Provider: p, Message: err.Error()}
+		return provider.Call{}, provider.Wire{}, &llm.Error{Class: llm.ClassPermanent, Provider: p, Message: err.Error()}
 	}
-	cache, err := c.creds.provider(ctx, cred.Profile, region)
+	cache, creds, err := c.credentials(ctx, cred.Profile, region)
 	if err != nil {
-		return nil, c.credentialError(ctx, err, aws.Credentials{})
-	}
-	creds, err := cache.Retrieve(ctx)
-	if err != nil {
-		return nil, c.credentialError(ctx, err, creds)
-	}
-	if !creds.HasKeys() {
-		return nil, &llm.Error{Class: llm.ClassAuth, Provider: p, Message: "credentials: no access key id or secret access key"}
-	}
-	if provider.BadHeaderValue(creds.AccessKeyID) || provider.BadHeaderValue(creds.SessionToken) {
-		return nil, &llm.Error{Class: llm.ClassAuth, Provider: p, Message: "the credentials contain characters a header cannot carry"}
+		return provider.Call{}, provider.Wire{}, err
 	}
 
 	base := c.cfg.BaseURL
@@ -255,9 +262,12 @@ func (c *Client) Complete(ctx context.Context, cred llm.Credential, req *llm.Req
 	h := http.Header{}
 	h.Set("User-Agent", provider.UserAgent)
 	h.Set("X-Amz-Content-Sha256", payloadHash)
+	if accept != "" {
+		h.Set("Accept", accept)
+	}
 	call := provider.Call{
 		Provider: p,
-		URL:      strings.TrimRight(base, "/") + InvokePath(req.Model),
+		URL:      strings.TrimRight(base, "/") + path,
 		Header:   h,
 		Body:     body,
 		Timeout:  c.cfg.Timeout,
@@ -265,9 +275,9 @@ func (c *Client) Complete(ctx context.Context, cred llm.Credential, req *llm.Req
 			return c.signer.SignHTTP(r.Context(), creds, r, payloadHash, SigningName, region, time.Now())
 		},
 	}
-	// The Anthropic answer, with Bedrock's error table; no rate-limit
-	// headers.
-	return provider.Do(ctx, c.hc, call, provider.Wire{
+	// The Anthropic answer, whole or streamed, with Bedrock's error table;
+	// no rate-limit headers.
+	w := provider.Wire{
 		Failure: func(r *provider.Reply, now time.Time) error {
 			e := errorOf(p, r, creds, req.Model, now)
 			if staleCredentials(e.Code) {
@@ -275,9 +285,33 @@ func (c *Client) Complete(ctx context.Context, cred llm.Credential, req *llm.Req
 			}
 			return e
 		},
-		Decode: anthropic.DecodeResponse,
-		Redact: func(msg string) string { return Redact(msg, creds) },
-	})
+		Decode:     anthropic.DecodeResponse,
+		ReadStream: ReadStream,
+		Redact:     func(msg string) string { return Redact(msg, creds) },
+	}
+	return call, w, nil
+}
+
+// credentials returns the cache of profile's credentials in region and
+// the credentials it holds, or the error of a key whose credentials cannot
+// be had or cannot sign.
+func (c *Client) credentials(ctx context.Context, profile, region string) (*aws.CredentialsCache, aws.Credentials, error) {
+	p := c.cfg.Provider
+	cache, err := c.creds.provider(ctx, profile, region)
+	if err != nil {
+		return nil, aws.Credentials{}, c.credentialError(ctx, err, aws.Credentials{})
+	}
+	creds, err := cache.Retrieve(ctx)
+	if err != nil {
+		return nil, aws.Credentials{}, c.credentialError(ctx, err, creds)
+	}
+	if !creds.HasKeys() {
+		return nil, aws.Credentials{}, &llm.Error{Class: llm.ClassAuth, Provider: p, Message: "credentials: no access key id or secret access key"}
+	}
+	if provider.BadHeaderValue(creds.AccessKeyID) || provider.BadHeaderValue(creds.SessionToken) {
+		return nil, aws.Credentials{}, &llm.Error{Class: llm.ClassAuth, Provider: p, Message: "the credentials contain characters a header cannot carry"}
+	}
+	return cache, creds, nil
 }
 
 // credentialError is the error of credentials that could not be had: the

@@ -28,8 +28,9 @@ const suiteModel = "test-model"
 // (checkSigned), and every call is a key of testRegion signed with the test
 // credentials. Bedrock lacks what a compat endpoint needs, so the suite
 // skips: the own-error read-back (no EncodeError: Bulwark has no Bedrock
-// endpoint), the stream golden file (no stream writer: InvokeModel does
-// not stream), the SDK cases, and the cases of a key string (a key no
+// endpoint), the stream golden file and the Stream cases (the suite streams
+// server-sent events on the Complete path; InvokeModelWithResponseStream
+// has its own path and binary framing: stream_test.go covers it), the SDK cases, and the cases of a key string (a key no
 // header can carry, a missing key), which TestCredentialsNoHeaderCanCarry
 // and TestCredentials* cover in Bedrock's terms. The body carries no model
 // (the path does), so requests are compared without it.

@@ -55,10 +55,11 @@ package mockprovider
 //     package doc). Bedrock sends no rate-limit headers and, usually, no
 //     Retry-After on a 429; neither does the mock, even for a fault that
 //     sets Fault.RetryAfter.
-//   - No streaming: InvokeModelWithResponseStream answers in the binary
-//     AWS event-stream encoding (application/vnd.amazon.eventstream), not
-//     server-sent events, and the mock does not serve it; "stream" in the
-//     body is refused as above.
+//   - Streaming: POST /model/{modelId}/invoke-with-response-stream
+//     (InvokeModelWithResponseStream) takes the same body and answers the
+//     same answer in the binary AWS event-stream encoding
+//     (bedrock_stream.go); "stream" in the body is refused on both paths,
+//     as above.
 //   - Faults answer in Bedrock's shape: rate_limit → 429
 //     ThrottlingException; overloaded → 503 ServiceUnavailableException;
 //     server_error → 500 InternalServerException; spend_limit and
@@ -111,6 +112,9 @@ const (
 // what this request's path and headers said, so each request gets its own.
 type bedrockWire struct {
 	model string
+	// stream: InvokeModelWithResponseStream, answered in the AWS event
+	// stream encoding (bedrock_stream.go).
+	stream bool
 	// errType is the type of a refusal preflight or parse decided on
 	// (signature problems); "" means the kind's usual type.
 	errType string
@@ -281,11 +285,22 @@ func (w *bedrockWire) parse(body []byte) (*call, *apiError) {
 		return nil, invalid("modelId: %v", err)
 	}
 	fields["model"] = model
+	if w.stream {
+		fields["stream"] = json.RawMessage("true")
+	}
 	msg, err := json.Marshal(fields)
 	if err != nil {
 		return nil, invalid("reading request body: %v", err)
 	}
-	return anthropicWire{}.parse(msg)
+	cl, e := anthropicWire{}.parse(msg)
+	if e != nil || !w.stream {
+		return cl, e
+	}
+	anthropicStream := cl.stream
+	cl.stream = func(now time.Time, chunkBytes int) *script {
+		return bedrockScript(anthropicStream(now, chunkBytes))
+	}
+	return cl, nil
 }
 
 // setRateHeaders writes nothing: Bedrock sends no rate-limit headers.

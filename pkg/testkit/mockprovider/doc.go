@@ -10,6 +10,7 @@
 //	POST   /v1/chat/completions  OpenAI; Authorization: Bearer <key>
 //	POST   /v1/embeddings        OpenAI; input string or []string, optional dimensions
 //	POST   /model/{id}/invoke    AWS Bedrock InvokeModel (Claude); SigV4 Authorization required (shape checked)
+//	POST   /model/{id}/invoke-with-response-stream  Bedrock InvokeModelWithResponseStream: the same, as an AWS event stream
 //	POST   /openai/deployments/{d}/chat/completions?api-version=  Azure OpenAI; api-key or Bearer
 //	GET    /mock/stats           Stats as JSON (counters and in-flight gauges)
 //	POST   /mock/reset           zero the counters and in-flight maxima, refill every bucket
@@ -22,7 +23,8 @@
 // Any non-empty key is accepted; a missing one gets 401 in the provider's
 // error shape. The /mock endpoints are unauthenticated: bind the mock to
 // loopback. The Messages, Chat Completions and Azure endpoints stream when
-// the body says "stream": true (see "Streaming"); Bedrock does not.
+// the body says "stream": true (see "Streaming"); Bedrock streams on its
+// own path.
 //
 // # Answers
 //
@@ -205,8 +207,11 @@
 //   - Stats count a streamed call when its stream ends, and gauge it in
 //     flight until its last byte is written.
 //
-// Bedrock stays non-streaming: InvokeModelWithResponseStream answers in
-// the binary AWS event-stream encoding, not server-sent events.
+// Bedrock's InvokeModelWithResponseStream streams the Messages events
+// (but ping) at the same pace, each an AWS event-stream "chunk" message
+// whose payload {"bytes": "<base64>"} holds the event's JSON; a
+// FaultStreamError ends it with a modelStreamErrorException message
+// (bedrock_stream.go).
 //
 // # Stats
 //

@@ -304,6 +304,7 @@ func New(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("POST /model/{modelId}/invoke", func(w http.ResponseWriter, r *http.Request) {
 		s.serve(w, r, &bedrockWire{model: r.PathValue("modelId")}) // Bedrock InvokeModel (bedrock.go)
 	})
+	s.mux.HandleFunc("POST /model/{modelId}/invoke-with-response-stream", s.serveBedrockStream)  // (bedrock_stream.go)
 	s.mux.HandleFunc("POST /openai/deployments/{deployment}/chat/completions", s.serveAzureChat) // Azure OpenAI (azure.go)
 	s.mux.HandleFunc("GET /mock/stats", s.handleStats)
 	s.mux.HandleFunc("POST /mock/reset", s.handleReset)
