@@ -308,7 +308,14 @@ func (d *Dispatcher) attempt(ctx context.Context, rec *job.Record, log *slog.Log
 	st := rec.State
 	st.Attempts++
 	if first {
-		st.StartedAt = time.Now()
+		// When its turn came, by Redis's clock: the order requests start
+		// in is the slots' order, not the moment this process got round
+		// to writing it (a loaded machine may let one goroutine wait a
+		// few hundred milliseconds).
+		st.StartedAt = slot.Granted
+		if st.StartedAt.IsZero() {
+			st.StartedAt = time.Now()
+		}
 	}
 	st.RetryAt = time.Time{}
 	rec.State = st

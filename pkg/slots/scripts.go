@@ -24,7 +24,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 // ARGV[1] total, ARGV[2..5] reserves of priorities 1..4, ARGV[6] priority,
 // ARGV[7] waiter id, ARGV[8] since ms, ARGV[9] lease id, ARGV[10] lease
 // ttl ms, ARGV[11] waiter ttl ms
-// Reply: 1 granted (lease added, registration removed), or -n refused
+// Reply: the grant time in Unix ms (lease added, registration removed), or -n refused
 // with n >= 1 grants to go before the asker's turn (registration kept
 // until now + waiter ttl).
 var acquireScript = redis.NewScript(luaNow + `
@@ -100,7 +100,7 @@ redis.call("HSET", KEYS[2], ARGV[9], p)
 redis.call("ZADD", KEYS[11], now, ARGV[9])
 redis.call("HDEL", KEYS[12], id)
 redis.call("ZREM", KEYS[13], id)
-return 1
+return now
 `)
 
 // promoteScript makes a waiter (or a request that will become one) wait as

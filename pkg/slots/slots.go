@@ -83,6 +83,10 @@ type Slot struct {
 	ID string
 	// Priority is the priority the slot was granted to.
 	Priority priority.Priority
+	// Granted is when the slot was granted, by Redis's clock: the moment
+	// the request's turn came, whatever delays the process that asked
+	// before it goes on.
+	Granted time.Time
 }
 
 // TryAcquire makes one attempt: it registers w as a waiter for p and takes
@@ -151,10 +155,8 @@ func (l *Limiter) try(ctx context.Context, p priority.Priority, w Waiter) (*Slot
 		return nil, 0, fmt.Errorf("slots: acquire a %s slot: %w", p, err)
 	case n <= 0:
 		return nil, max(1, int(-n)), ErrNoSlot
-	case n != 1:
-		return nil, 0, fmt.Errorf("slots: acquire a %s slot: unexpected reply %d", p, n)
 	}
-	return &Slot{l: l, ID: lease, Priority: p}, 0, nil
+	return &Slot{l: l, ID: lease, Priority: p, Granted: time.UnixMilli(n)}, 0, nil
 }
 
 // giveUp leaves the line after ctx ended. A failure to leave is dropped:
