@@ -83,7 +83,8 @@ FUZZ_TARGETS = \
 	pkg/provider:FuzzDecodeOpenAIRequest \
 	pkg/provider:FuzzDecodeAnthropicRequest \
 	pkg/service:FuzzAPIBody \
-	pkg/service:FuzzLastEventID
+	pkg/service:FuzzLastEventID \
+	pkg/history:FuzzStoredRecord
 
 fuzz:
 	@failed=; for t in $(FUZZ_TARGETS); do \

@@ -14,6 +14,7 @@ package config
 //	<prefix>inflight:<ref>                                pkg/coalesce
 //	<prefix>alert:throttle:<kind>:<subject>               pkg/alert
 //	<prefix>history:outbox                                pkg/history
+//	{<prefix>history:outbox}:replaying (the outbox's slot) pkg/history
 //	<prefix>sweep:lock, alerts:down, history:reconciled,  pkg/maintenance
 //	<prefix>history:reconcile:watch                       pkg/maintenance
 //	<prefix>tenant:<name> (GCRA state)                    Tenant below

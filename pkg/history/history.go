@@ -40,8 +40,15 @@ type Store struct {
 	// OnDrop is called for every outcome the full outbox could not keep
 	// (metrics); may be nil.
 	OnDrop func()
-	outbox *outbox                                 // nil: a failed outcome is only counted
-	writer atomic.Pointer[groupcommit.Writer[row]] // nil until Start: writes are synchronous
+	// FlushTimeout bounds Close as a whole: the queued rows not written
+	// by then go to the outbox. Zero means FlushTimeoutDefault (3s). Set
+	// it before Start.
+	FlushTimeout time.Duration
+	outbox       *outbox                                 // nil: a failed outcome is only counted
+	writer       atomic.Pointer[groupcommit.Writer[row]] // nil until Start: writes are synchronous
+
+	expire  sync.Once
+	expired chan struct{} // closed once Close's bound has passed; made by Start
 
 	mu         sync.Mutex
 	lastWarned time.Time
@@ -96,7 +103,8 @@ const submitSQL = `
 
 // submitted are submitSQL's arguments.
 func submitted(j *job.Job, status job.Status, cached job.Cached) []any {
-	return []any{j.ID, j.Tenant, int(j.Priority), string(status), string(j.Route.Provider), j.Route.Tier, cached, j.CaseID, j.Layer, j.CreatedAt}
+	return []any{text(j.ID), text(j.Tenant), int(j.Priority), string(status), text(string(j.Route.Provider)), text(j.Route.Tier),
+		text(string(cached)), text(j.CaseID), text(string(j.Layer)), j.CreatedAt}
 }
 
 // Finished records a request's outcome (upsert: the submission row may be
@@ -149,13 +157,13 @@ func outcome(rec *job.Record, costUSD float64) []any {
 	j, st := rec.Job, rec.State
 	var served struct{ p, t *string }
 	if st.ServedRoute != nil {
-		p, t := string(st.ServedRoute.Provider), st.ServedRoute.Tier
+		p, t := text(string(st.ServedRoute.Provider)), text(st.ServedRoute.Tier)
 		served.p, served.t = &p, &t
 	}
 	var resp []byte
 	var usage llm.Usage
 	if st.Result != nil {
-		resp, _ = json.Marshal(st.Result)
+		resp, _ = storedJSON(st.Result)
 		usage = st.Result.Usage
 	}
 	var started, finished *time.Time
@@ -168,9 +176,9 @@ func outcome(rec *job.Record, costUSD float64) []any {
 	if !st.FinishedAt.IsZero() {
 		finished = &st.FinishedAt
 	}
-	return []any{j.ID, j.Tenant, int(j.Priority), string(rec.Status), string(j.Route.Provider), j.Route.Tier, served.p, served.t,
-		st.KeyID, st.Attempts, st.Cached.OrNone(), j.CaseID, j.Layer, usage.InputTokens, usage.OutputTokens, costUSD,
-		j.CreatedAt, started, finished, waitMS, rec.Reason, resp, st.TokensSaved}
+	return []any{text(j.ID), text(j.Tenant), int(j.Priority), string(rec.Status), text(string(j.Route.Provider)), text(j.Route.Tier),
+		served.p, served.t, text(st.KeyID), st.Attempts, text(string(st.Cached.OrNone())), text(j.CaseID), text(string(j.Layer)),
+		usage.InputTokens, usage.OutputTokens, costUSD, j.CreatedAt, started, finished, waitMS, text(rec.Reason), resp, st.TokensSaved}
 }
 
 // pruneBatch bounds the rows one DELETE removes: short transactions that
@@ -282,6 +290,9 @@ func (s *Store) Get(ctx context.Context, id string) (*Row, error) {
 	}
 	if len(resp) > 0 {
 		r.Response = &llm.Response{}
+		if resp, err = decodeStored(resp); err != nil {
+			return nil, fmt.Errorf("history: decode %s: %w", id, err)
+		}
 		if err := json.Unmarshal(resp, r.Response); err != nil {
 			return nil, fmt.Errorf("history: decode %s: %w", id, err)
 		}

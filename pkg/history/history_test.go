@@ -47,7 +47,8 @@ func TestPruneKeepsTheRetention(t *testing.T) {
 	}
 }
 
-// An outcome PostgreSQL refuses for its data (a NUL in the answer) is lost,
+// An outcome PostgreSQL refuses for its data (a time before its timestamps'
+// range; text it cannot hold is escaped, TestUnstorableTextIsEscaped) is lost,
 // counted and logged, not kept: in the outbox it would fail on every replay
 // and hold back every outcome behind it.
 func TestRefusedOutcomeIsNotKept(t *testing.T) {
@@ -61,9 +62,9 @@ func TestRefusedOutcomeIsNotKept(t *testing.T) {
 	var dropped int
 	s.OnDrop = func() { dropped++ }
 	now := time.Now()
-	rec := &job.Record{Job: job.Job{ID: "nul-answer", Tenant: "demo", Priority: priority.Normal,
+	rec := &job.Record{Job: job.Job{ID: "bad-answer", Tenant: "demo", Priority: priority.Normal,
 		Route: llm.Route{Provider: llm.ProviderClaude, Tier: "sonnet"}, CreatedAt: now}, Status: job.StatusCompleted,
-		State: job.State{FinishedAt: now, Result: &llm.Response{Content: []llm.Block{{Type: llm.BlockText, Text: "a\x00b"}}}}}
+		State: job.State{FinishedAt: time.Date(-10000, 1, 1, 0, 0, 0, 0, time.UTC), Result: &llm.Response{Content: []llm.Block{{Type: llm.BlockText, Text: "ab"}}}}}
 	s.Finished(ctx, rec, 0)
 	if n, err := s.Backlog(ctx); err != nil || n != 0 || dropped != 1 {
 		t.Fatalf("backlog %d (%v), dropped %d: want the refused outcome dropped, not kept", n, err, dropped)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
@@ -20,11 +21,28 @@ const OutboxMaxDefault = 10_000
 // replayBatch is how many kept outcomes one Replay step reads.
 const replayBatch = 100
 
-// outbox is a Redis list of outcomes whose write failed, newest first.
+// outbox is a Redis list of outcomes whose write failed, newest first,
+// and the set of those a replay took and has not written yet (inflight).
 type outbox struct {
-	rdb redis.UniversalClient
-	key string
-	max int
+	rdb      redis.UniversalClient
+	key      string
+	inflight string
+	max      int
+}
+
+// replayLease is how long a replay may hold the entries it took before
+// another replay takes them back (the replayer died): longer than writing
+// one batch may take (replayBatch writes of up to 2 s each).
+const replayLease = 5 * time.Minute
+
+// inflightKey is the sorted set of the entries replays hold, in the hash
+// slot of key (Redis Cluster: the scripts touch both): key's own hash tag
+// when it has one, else key whole as the tag.
+func inflightKey(key string) string {
+	if strings.Contains(key, "{") {
+		return key + ":replaying"
+	}
+	return "{" + key + "}:replaying"
 }
 
 // kept is one outcome waiting in the outbox.
@@ -39,35 +57,61 @@ func (s *Store) Outbox(rdb redis.UniversalClient, key string, max int) {
 	if max <= 0 {
 		max = OutboxMaxDefault
 	}
-	s.outbox = &outbox{rdb: rdb, key: key, max: max}
+	s.outbox = &outbox{rdb: rdb, key: key, inflight: inflightKey(key), max: max}
 }
 
-// pushScript: KEYS[1] outbox; ARGV[1] entry, ARGV[2] max. Reply 1 kept, 0
-// full.
+// pushScript: KEYS[1] outbox; ARGV[1] max, ARGV[2..] entries, oldest
+// first. Reply: how many entries, from the first, were kept before the
+// outbox was full.
 var pushScript = redis.NewScript(`
-if redis.call("LLEN", KEYS[1]) >= tonumber(ARGV[2]) then return 0 end
-redis.call("LPUSH", KEYS[1], ARGV[1])
-return 1`)
+local room = tonumber(ARGV[1]) - redis.call("LLEN", KEYS[1])
+local n = 0
+for i = 2, #ARGV do
+  if n >= room then break end
+  redis.call("LPUSH", KEYS[1], ARGV[i])
+  n = n + 1
+end
+return n`)
 
 // keep puts a failed outcome in the outbox; what cannot be kept is counted
 // and logged with the request id, so the operator knows which rows miss.
 func (s *Store) keep(ctx context.Context, rec *job.Record, costUSD float64) {
-	if s.outbox == nil {
+	s.keepAll(ctx, []kept{{Record: rec, CostUSD: costUSD}})
+}
+
+// keepAll puts outcomes, oldest first, in the outbox in one round trip.
+func (s *Store) keepAll(ctx context.Context, ks []kept) {
+	if s.outbox == nil || len(ks) == 0 {
 		return
 	}
-	b, err := json.Marshal(kept{Record: rec, CostUSD: costUSD})
-	if err == nil {
-		var n int64
-		n, err = pushScript.Run(context.WithoutCancel(ctx), s.outbox.rdb, []string{s.outbox.key}, b, s.outbox.max).Int64()
-		if err == nil && n == 1 {
-			return
+	args := []any{s.outbox.max}
+	for _, k := range ks {
+		b, err := json.Marshal(k)
+		if err != nil {
+			s.lost(k.Record.Job.ID, err)
+			continue
 		}
-		if err == nil {
-			err = fmt.Errorf("outbox full (%d outcomes)", s.outbox.max)
-		}
+		args = append(args, b)
 	}
-	s.lost(rec.Job.ID, err)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), keepTimeout)
+	defer cancel()
+	n, err := pushScript.Run(ctx, s.outbox.rdb, []string{s.outbox.key}, args...).Int64()
+	if err == nil && int(n) == len(args)-1 {
+		return
+	}
+	if err == nil {
+		err = fmt.Errorf("outbox full (%d outcomes)", s.outbox.max)
+	} else {
+		n = 0
+		err = fmt.Errorf("history: outbox: %w", err)
+	}
+	for _, k := range ks[n:] {
+		s.lost(k.Record.Job.ID, err)
+	}
 }
+
+// keepTimeout bounds one push to the outbox.
+const keepTimeout = 2 * time.Second
 
 // lost counts and logs an outcome history will never have.
 func (s *Store) lost(id string, err error) {
@@ -84,32 +128,72 @@ func refused(err error) bool {
 	return errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22")
 }
 
-// Backlog is how many outcomes wait in the outbox.
+// Backlog is how many outcomes wait in the outbox, those a replay holds
+// (taken, not yet written) included: none of their rows may be judged
+// lost (pkg/maintenance's reconcile job).
 func (s *Store) Backlog(ctx context.Context) (int64, error) {
 	if s.outbox == nil {
 		return 0, nil
 	}
-	n, err := s.outbox.rdb.LLen(ctx, s.outbox.key).Result()
-	if err != nil {
+	p := s.outbox.rdb.Pipeline()
+	waiting := p.LLen(ctx, s.outbox.key)
+	held := p.ZCard(ctx, s.outbox.inflight)
+	if _, err := p.Exec(ctx); err != nil {
 		return 0, fmt.Errorf("history: outbox: %w", err)
 	}
-	return n, nil
+	return waiting.Val() + held.Val(), nil
 }
+
+// claimScript: KEYS[1] outbox, KEYS[2] inflight; ARGV[1] count, ARGV[2]
+// lease (ms). It first returns the entries whose lease ran out (their
+// replayer died) to the outbox's oldest end, then moves up to count of the
+// oldest entries into inflight, leased until now + lease (Redis TIME), and
+// replies with them, oldest first. Nothing is ever in neither place.
+var claimScript = redis.NewScript(`
+local t = redis.call("TIME")
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local expired = redis.call("ZRANGEBYSCORE", KEYS[2], "-inf", now)
+for _, e in ipairs(expired) do
+  redis.call("RPUSH", KEYS[1], e)
+  redis.call("ZREM", KEYS[2], e)
+end
+local out = {}
+for i = 1, tonumber(ARGV[1]) do
+  local e = redis.call("RPOP", KEYS[1])
+  if not e then break end
+  redis.call("ZADD", KEYS[2], now + tonumber(ARGV[2]), e)
+  out[#out + 1] = e
+end
+return out`)
+
+// releaseScript: KEYS[1] outbox, KEYS[2] inflight; ARGV[1] n, ARGV[2..]
+// the entries a replay took, oldest first. The first n are done with and
+// leave inflight; the others go back to the outbox's oldest end, in their
+// order. Reply: nil.
+var releaseScript = redis.NewScript(`
+local n = tonumber(ARGV[1])
+for i = #ARGV, 2, -1 do
+  redis.call("ZREM", KEYS[2], ARGV[i])
+  if i - 1 > n then redis.call("RPUSH", KEYS[1], ARGV[i]) end
+end
+return false`)
 
 // Replay writes the kept outcomes, oldest first, until the outbox is empty
 // or a write fails (PostgreSQL still down: the rest goes back and waits for
-// the next call). It returns how many it wrote. Entries are popped before
-// they are written, so two replayers never write or drop the same one; a
-// process that dies between the two loses at most one batch (logged by
-// nobody: run Replay where a crash is rare, the workers' sweep).
+// the next call). It returns how many it wrote. A replay takes a batch into
+// a leased in-flight set rather than out of Redis, so two replayers never
+// write the same entry, the reconcile job still sees the entries while
+// they are written (Backlog), and the batch of a replayer that dies goes
+// back to the outbox once its lease (replayLease) runs out.
 func (s *Store) Replay(ctx context.Context) (int, error) {
 	if s.outbox == nil {
 		return 0, nil
 	}
+	o := s.outbox
 	done := 0
 	for {
-		entries, err := s.outbox.rdb.RPopCount(ctx, s.outbox.key, replayBatch).Result() // oldest first
-		if errors.Is(err, redis.Nil) {
+		entries, err := claimScript.Run(ctx, o.rdb, []string{o.key, o.inflight}, replayBatch, replayLease.Milliseconds()).StringSlice()
+		if errors.Is(err, redis.Nil) || (err == nil && len(entries) == 0) {
 			return done, nil
 		}
 		if err != nil {
@@ -117,8 +201,8 @@ func (s *Store) Replay(ctx context.Context) (int, error) {
 		}
 		handled, written, werr := s.replay(ctx, entries)
 		done += written
+		s.release(ctx, entries, handled)
 		if werr != nil {
-			s.putBack(ctx, entries[handled:])
 			return done, werr
 		}
 	}
@@ -150,22 +234,22 @@ func (s *Store) replay(ctx context.Context, entries []string) (handled, written 
 	return len(entries), written, nil
 }
 
-// putBack returns unwritten entries (oldest first) to the outbox's oldest
-// end, in their order.
-func (s *Store) putBack(ctx context.Context, rest []string) {
-	if len(rest) == 0 {
-		return
+// release ends a replay's hold on entries: the first handled are done
+// with, the rest (unwritten, oldest first) return to the outbox's oldest
+// end. If Redis fails here the entries stay leased and come back to the
+// outbox when the lease runs out: written ones are written again
+// (an upsert, harmless), none is lost.
+func (s *Store) release(ctx context.Context, entries []string, handled int) {
+	args := make([]any, 0, len(entries)+1)
+	args = append(args, handled)
+	for _, e := range entries {
+		args = append(args, e)
 	}
-	vals := make([]any, 0, len(rest))
-	for i := len(rest) - 1; i >= 0; i-- {
-		vals = append(vals, rest[i])
-	}
-	if err := s.outbox.rdb.RPush(context.WithoutCancel(ctx), s.outbox.key, vals...).Err(); err != nil {
-		for range rest {
-			if s.OnDrop != nil {
-				s.OnDrop()
-			}
-		}
-		s.logger.Error("history: outcomes lost: could not return them to the outbox", "count", len(rest), "err", err)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), keepTimeout)
+	defer cancel()
+	err := releaseScript.Run(ctx, s.outbox.rdb, []string{s.outbox.key, s.outbox.inflight}, args...).Err()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		s.logger.Warn("history: could not release replayed outbox entries; they return when their lease runs out",
+			"count", len(entries), "lease", replayLease, "err", err)
 	}
 }

@@ -68,15 +68,39 @@ func (j *Jobs) reconcile(ctx context.Context, _ *asynq.Task) error {
 	if d.Unended == nil || d.Records == nil {
 		return nil
 	}
-	// Endings kept while PostgreSQL was away are written first: a row
-	// still open only for that, of a request whose record has gone since
-	// (a compat call's, 5 minutes after its end), is not lost.
-	if n, err := d.Unended.Backlog(ctx); err != nil || n > 0 {
-		if err != nil {
-			return fmt.Errorf("maintenance: reconcile: %w", err)
-		}
-		d.Logger.Info("maintenance: reconcile waits for the history outbox", "backlog", n)
+	err := j.reconcileRun(ctx)
+	if errors.Is(err, errOutboxBusy) {
+		d.Logger.Info("maintenance: reconcile waits for the history outbox")
 		return nil
+	}
+	return err
+}
+
+// errOutboxBusy stops a run: endings wait in the history outbox, or a
+// replay holds some.
+var errOutboxBusy = errors.New("maintenance: reconcile: endings wait in the history outbox")
+
+// outboxClear returns errOutboxBusy while any ending waits in the history
+// outbox or is held by a replay (taken, not yet written): a row still open
+// only for that, of a request whose record has gone since (a compat
+// call's, 5 minutes after its end; or a record Redis lost after the
+// ending was kept), is not lost. Checked at the start of a run and again
+// right before each MarkLost, so an ending kept during a run stops it.
+func (j *Jobs) outboxClear(ctx context.Context) error {
+	n, err := j.d.Unended.Backlog(ctx)
+	if err != nil {
+		return fmt.Errorf("maintenance: reconcile: %w", err)
+	}
+	if n > 0 {
+		return errOutboxBusy
+	}
+	return nil
+}
+
+func (j *Jobs) reconcileRun(ctx context.Context) error {
+	d := j.d
+	if err := j.outboxClear(ctx); err != nil {
+		return err
 	}
 	now := time.Now()
 	to, floor := now.Add(-d.ReconcileAfter), now.Add(-d.RecordTTL+reconcileMargin)
@@ -157,6 +181,12 @@ func (j *Jobs) judge(ctx context.Context, ids []string) ([]string, error) {
 	missing, err := d.Records.Missing(ctx, ids)
 	if err != nil {
 		return nil, fmt.Errorf("maintenance: reconcile: %w", err)
+	}
+	if len(missing) == 0 {
+		return nil, nil
+	}
+	if err := j.outboxClear(ctx); err != nil {
+		return nil, err
 	}
 	n, err := d.Unended.MarkLost(ctx, missing)
 	if err != nil {

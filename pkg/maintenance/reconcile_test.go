@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -240,4 +241,75 @@ func TestReconcileWarnsOfANarrowWindow(t *testing.T) {
 			t.Errorf("result_ttl %s: warned %v, want %v (%q)", ttl, got, warn, buf.String())
 		}
 	}
+}
+
+// A replay that took endings from the outbox and has not written them yet
+// (here: stuck behind a row lock on the first) still holds them for the
+// reconcile job: a row whose ending it holds is not judged lost, and gets
+// its ending once the replay goes on.
+func TestReconcileWaitsForAReplayInProgress(t *testing.T) {
+	t.Parallel()
+	f := newReconcile(t)
+	ctx := t.Context()
+	f.accept(t, "blocker", 20*time.Minute, job.StatusQueued, true)
+	f.accept(t, "held", 20*time.Minute, job.StatusQueued, false)
+	// Both endings wait in the outbox (PostgreSQL was away), blocker's first.
+	down := history.New(deadPG(t), slog.New(slog.DiscardHandler), time.Minute)
+	down.Outbox(f.rdb, "t:history:outbox", 100)
+	for _, id := range []string{"blocker", "held"} {
+		row, _ := f.hist.Get(ctx, id)
+		down.Finished(ctx, &job.Record{Job: job.Job{ID: id, Tenant: "demo", Priority: priority.Normal, Route: row.Route,
+			CreatedAt: row.CreatedAt}, Status: job.StatusCompleted, State: job.State{FinishedAt: time.Now()}}, 0)
+	}
+	tx, err := f.pg.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.WithoutCancel(ctx))
+	if _, err := tx.Exec(ctx, "SELECT 1 FROM requests WHERE id = 'blocker' FOR UPDATE"); err != nil {
+		t.Fatal(err)
+	}
+	replayed := make(chan error, 1)
+	go func() { _, err := f.hist.Replay(ctx); replayed <- err }()
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if n, _ := f.rdb.LLen(ctx, "t:history:outbox").Result(); n == 0 {
+			break // the replay took both and is stuck on the first
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the replay never took the endings")
+		}
+	}
+	f.run(t)
+	if st, _ := f.status(t, "held"); st != job.StatusQueued || f.lost.Load() != 0 {
+		t.Fatalf("judged while a replay held its ending: %s, %d lost", st, f.lost.Load())
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-replayed; err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := f.status(t, "held"); st != job.StatusCompleted {
+		t.Fatalf("after the replay: %s, want completed", st)
+	}
+	if n, _ := f.hist.Backlog(ctx); n != 0 {
+		t.Fatalf("backlog %d after the replay", n)
+	}
+}
+
+// deadPG is a pool on a port nothing listens on: PostgreSQL down.
+func deadPG(t *testing.T) *pgxpool.Pool {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	pool, err := pgxpool.New(t.Context(), "postgres://postgres@"+addr+"/x?sslmode=disable&connect_timeout=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
 }
