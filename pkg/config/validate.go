@@ -244,6 +244,9 @@ func (c *Config) validateCache(add func(field, format string, args ...any)) {
 	case "openai":
 		if ca.Embedder.BaseURL == "" || ca.Embedder.Model == "" {
 			add("cache.embedder", "kind openai needs base_url and model")
+		} else if msg := checkBaseURL(ca.Embedder.BaseURL); msg != "" {
+			// The embedder's key travels like a provider's.
+			add("cache.embedder.base_url", "%s", msg)
 		}
 	default:
 		add("cache.embedder.kind", "must be local or openai, not %q", ca.Embedder.Kind)
