@@ -71,6 +71,17 @@ type streamWriter interface {
 	End(resp *llm.Response) error
 }
 
+// countingWriter counts the deltas written to a stream.
+type countingWriter struct {
+	streamWriter
+	n int
+}
+
+func (w *countingWriter) Delta(d llm.Delta) error {
+	w.n++
+	return w.streamWriter.Delta(d)
+}
+
 // answering is how a compat call asked to be answered, in any dialect:
 // under the model name it gave, streamed or not, and (OpenAI's
 // stream_options.include_usage) with a usage chunk.
@@ -195,15 +206,32 @@ func (s *Server) compat(c *gin.Context, d dialect) {
 	}
 	c.Set(ctxRequestID, a.ID)
 	c.Header("X-Bulwark-Request-Id", a.ID)
-	var rec *job.Record
-	var sw streamWriter
+	var sw *countingWriter
 	if ans.stream {
-		sw = d.stream(c.Writer, d.idPrefix+followed(a), ans)
+		sw = &countingWriter{streamWriter: d.stream(c.Writer, d.idPrefix+followed(a), ans)}
 	}
-	if ans.stream && a.Ended == nil {
-		rec, err = s.awaitStreaming(c, a, sw)
-	} else {
-		rec, err = s.await(ctx, a)
+	wait := func(a *intake.Accepted) (*job.Record, error) {
+		if sw != nil && a.Ended == nil {
+			return s.awaitStreaming(c, a, sw)
+		}
+		return s.await(ctx, a)
+	}
+	rec, err := wait(a)
+	if err == nil && a.CoalescedInto != "" && rec.Job.ID != a.ID && !rec.SharedEnding() {
+		// The request this one joined ended for a reason of its own (its
+		// caller cancelled it, its deadline passed): this one gets a call
+		// of its own (pkg/maintenance re-enqueues it), as on the async
+		// API, and this caller waits for that. Unless part of the other
+		// answer was streamed to it already: a second answer would not
+		// continue the first.
+		if sw != nil && sw.n > 0 {
+			d.fail(c, http.StatusBadGateway, "stream_interrupted",
+				"the identical request this call joined ended before its answer was complete; send the request again")
+			return
+		}
+		own := *a
+		own.CoalescedInto = ""
+		rec, err = wait(&own)
 	}
 	switch {
 	case errors.Is(err, progress.ErrNotEnded):
@@ -243,7 +271,11 @@ func (s *Server) compat(c *gin.Context, d dialect) {
 			s.d.Logger.Warn("compat: unjoin", "request_id", a.ID, "err", err)
 		}
 	}
-	s.compatAnswer(c, d, rec, ans, sw)
+	var out streamWriter
+	if sw != nil {
+		out = sw
+	}
+	s.compatAnswer(c, d, rec, ans, out)
 }
 
 // compatSubmission reads Bulwark's headers.

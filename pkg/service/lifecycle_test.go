@@ -1,12 +1,15 @@
 package service_test
 
 import (
+	"context"
 	"errors"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
 
 	"bulwark/pkg/maintenance"
 	"bulwark/pkg/priority"
@@ -165,5 +168,42 @@ func TestFollowerDeadlineIsItsOwn(t *testing.T) {
 	// here): the follower's ending did not end it.
 	if l, err := api.base.Jobs.Get(t.Context(), leader); err != nil || l.Status != "queued" {
 		t.Fatalf("the leader ended with the follower: %v %v", l, err)
+	}
+}
+
+// The same through a compat endpoint: a call that joined an identical
+// request in flight is answered with a call of its own when that request's
+// caller cancels it, not with the other caller's 409 cancelled.
+func TestCompatFollowerOutlivesCancelledLeader(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{mock: mockprovider.Config{Latency: 2 * time.Second}})
+	api := s.startAPI()
+	s.startWorker()
+	prompt := "one question, an async caller and an SDK"
+	leader := api.submit(t, ask(prompt))
+
+	type answer struct {
+		resp *http.Response
+		raw  []byte
+	}
+	done := make(chan answer, 1)
+	go func() {
+		body := `{"model":"claude-sonnet","messages":[{"role":"user","content":"` + prompt + `"}]}`
+		resp, raw := send(t, "POST", api.ts.URL+"/v1/chat/completions", body, "Authorization", "Bearer "+devToken)
+		done <- answer{resp, raw}
+	}()
+	rdb := redis.NewClient(s.redis)
+	defer rdb.Close()
+	waitFor(t, 10*time.Second, "the compat call to join the request in flight", func() bool {
+		n, err := rdb.ZCard(context.Background(), "bulwark:{job}:live").Result()
+		return err == nil && n == 2
+	})
+	if code, out, _ := call(t, "DELETE", api.ts.URL+"/v1/requests/"+leader, devToken, nil); code != http.StatusOK {
+		t.Fatalf("cancel the leader: %d %v", code, out)
+	}
+	a := <-done
+	if a.resp.StatusCode != http.StatusOK || !strings.Contains(string(a.raw), mockprovider.Reply(prompt)) ||
+		a.resp.Header.Get("X-Bulwark-Cache") != "none" {
+		t.Fatalf("the compat caller got %d %v\n%s", a.resp.StatusCode, a.resp.Header, a.raw)
 	}
 }
