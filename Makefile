@@ -25,7 +25,8 @@ bench:
 # 32 clients, one API and one worker in the test process, mock answering
 # at once) in .data/profile/, and the top of each (docs/performance.md).
 # A running process serves the same profiles: /debug/pprof/ on the
-# worker's metrics listener, /admin/debug/pprof/ on the API.
+# worker's metrics listener, /admin/debug/pprof/ on the API, both behind
+# the admin token.
 profile:
 	mkdir -p .data/profile
 	BULWARK_RACE=0 BULWARK_KEEP_SERVICES=1 scripts/test.sh -run '^$$' -bench 'CompatPath/queued/c=32' -benchtime 1x -count 1 \

@@ -63,7 +63,7 @@ cat <<MSG
 Bulwark is running (mock providers at http://$BULWARK_MOCK_ADDR). Ctrl-C stops everything.
 
   API        http://$BULWARK_LISTEN          (tenant token: $BULWARK_DEV_TOKEN)
-  metrics    http://$BULWARK_LISTEN/metrics
+  metrics    curl -H 'Authorization: Bearer $BULWARK_ADMIN_TOKEN' http://$BULWARK_LISTEN/metrics
   queues     http://$BULWARK_LISTEN/admin/queues   (admin token: $BULWARK_ADMIN_TOKEN)
   keys       curl -H 'Authorization: Bearer $BULWARK_ADMIN_TOKEN' http://$BULWARK_LISTEN/admin/keys
 

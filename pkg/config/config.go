@@ -81,10 +81,13 @@ type Config struct {
 type Server struct {
 	// Listen is the API address. Default 127.0.0.1:8080.
 	Listen string `yaml:"listen"`
-	// AdminListen, when set, serves /admin/... (and asynqmon) on this
-	// address only, off the tenants' listener: e.g. an internal interface.
+	// AdminListen, when set, serves /admin/... (and asynqmon) and /metrics
+	// on this address only, off the tenants' listener: e.g. an internal
+	// interface. They still want the admin token there.
 	AdminListen string `yaml:"admin_listen"`
-	// AdminToken guards /admin/... . Required.
+	// AdminToken guards every operator surface: /admin/..., /metrics and
+	// the details of /readyz on the API, and the worker's /debug/pprof/.
+	// Prometheus sends it as a bearer token. Required.
 	AdminToken secret.String `yaml:"admin_token"`
 	// MaxBodyBytes caps a request body. Default 1 MiB.
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
@@ -209,8 +212,10 @@ type Worker struct {
 	// (WorkerConcurrencyFor): a task asynq has not handed to a worker has
 	// no place in the lines that keep arrival order.
 	Concurrency int `yaml:"concurrency"`
-	// MetricsListen serves /metrics of the worker. Default 127.0.0.1:9091;
-	// "off" disables it.
+	// MetricsListen serves /metrics of the worker, without a token, and its
+	// profiles at /debug/pprof/, with the admin token: bind it to loopback
+	// or a private address only Prometheus reaches. Default
+	// 127.0.0.1:9091; "off" disables it.
 	MetricsListen string `yaml:"metrics_listen"`
 	// TaskCheckInterval is asynq's poll interval for new tasks. Default 20ms
 	// (asynq's 1s default adds up to a second of latency; see DESIGN.md).
@@ -249,7 +254,8 @@ type KeyCooldown struct {
 // Profiling turns on Go's block and mutex profiles in every process
 // (runtime.SetBlockProfileRate, SetMutexProfileFraction), served with the
 // CPU and heap profiles at /debug/pprof/ on the worker's metrics listener
-// and at /admin/debug/pprof/ on the API. 0, the default, leaves them off:
+// and at /admin/debug/pprof/ on the API, both behind the admin token
+// (server.admin_token), always served. 0, the default, leaves them off:
 // they cost a little on every wait. 10000 (ns) and 100 are typical while
 // profiling.
 type Profiling struct {

@@ -40,6 +40,7 @@ type composeService struct {
 	Command     []string          `yaml:"command"`
 	Environment map[string]string `yaml:"environment"`
 	Volumes     []string          `yaml:"volumes"`
+	Ports       []string          `yaml:"ports"`
 	Healthcheck struct {
 		Test []string `yaml:"test"`
 	} `yaml:"healthcheck"`
@@ -56,7 +57,9 @@ type composeService struct {
 // loads and validates with the environment the service sets, which sets
 // every variable config.yaml needs without a default; every variable
 // Compose fills in is in compose.env.example; the health checks probe the
-// listeners that configuration opens, on all interfaces; the stop grace
+// listeners that configuration opens, on all interfaces; the worker's
+// metrics listener (its /metrics has no token) publishes no port, so it
+// stays on the private compose network; the stop grace
 // periods outlast the shutdown timeouts; one scheduler; Redis keeps an
 // append-only file and PostgreSQL has pgvector.
 func TestComposeExample(t *testing.T) {
@@ -112,6 +115,9 @@ func TestComposeExample(t *testing.T) {
 			checkGrace(t, "compose api", svc.StopGracePeriod, cfg.Server.ShutdownTimeout)
 		case "worker":
 			checkProbe(t, "compose worker", svc.Healthcheck.Test, "/metrics", cfg.Worker.MetricsListen)
+			if len(svc.Ports) > 0 {
+				t.Errorf("compose worker publishes %v: its metrics listener must stay on the compose network", svc.Ports)
+			}
 			checkGrace(t, "compose worker", svc.StopGracePeriod, cfg.Worker.ShutdownTimeout)
 		}
 	}
@@ -130,9 +136,11 @@ func TestComposeExample(t *testing.T) {
 // `systemd-analyze verify` accepts them (checked by hand: it needs the
 // binaries at their ExecStart paths), and here each runs a binary of
 // `make build` from a main package of this repository; config.yaml loads
-// with the unit's Environment= and bulwark.env.example; the worker
-// listens for its metrics on 909<instance> (instance 1 here), on all
-// interfaces, and so does the api; the stop timeouts outlast the shutdown timeouts.
+// with the unit's Environment= and bulwark.env.example; the api listens on
+// all interfaces; the worker listens for its metrics on 909<instance>
+// (instance 1 here) on loopback or a private address, never all
+// interfaces (its /metrics has no token); the stop timeouts outlast the
+// shutdown timeouts.
 func TestSystemdExample(t *testing.T) {
 	t.Parallel()
 	example := envFile(t, systemdEnv)
@@ -166,7 +174,7 @@ func TestSystemdExample(t *testing.T) {
 			checkListen(t, tt.unit, cfg.Server.Listen, "")
 			checkGrace(t, tt.unit, strings.Join(stop, "")+"s", cfg.Server.ShutdownTimeout)
 		case "worker":
-			checkListen(t, tt.unit, cfg.Worker.MetricsListen, "9091")
+			checkPrivateListen(t, tt.unit, cfg.Worker.MetricsListen, "9091")
 			checkGrace(t, tt.unit, strings.Join(stop, "")+"s", cfg.Worker.ShutdownTimeout)
 		}
 	}
@@ -236,6 +244,23 @@ func checkListen(t *testing.T, what, listen, port string) {
 	}
 	if port != "" && p != port {
 		t.Errorf("%s: listens on %s; its health check probes port %s", what, listen, port)
+	}
+}
+
+// checkPrivateListen checks that listen is on loopback or a private
+// address (RFC 1918, RFC 4193), not on all interfaces, and on port.
+func checkPrivateListen(t *testing.T, what, listen, port string) {
+	t.Helper()
+	host, p, err := net.SplitHostPort(listen)
+	if err != nil {
+		t.Errorf("%s: listen address %q: %v", what, listen, err)
+		return
+	}
+	if ip := net.ParseIP(host); host != "localhost" && (ip == nil || !(ip.IsLoopback() || ip.IsPrivate())) {
+		t.Errorf("%s: listens on %s; want loopback or a private address", what, listen)
+	}
+	if p != port {
+		t.Errorf("%s: listens on %s; want port %s", what, listen, port)
 	}
 }
 

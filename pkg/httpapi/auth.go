@@ -45,18 +45,69 @@ func (s *Server) authError(c *gin.Context, msg string) {
 // adminAuth accepts the admin token as a Bearer token, or as the password
 // of HTTP Basic auth (any user name) so that an operator can open the
 // asynqmon dashboard at /admin/queues in a browser, which cannot send a
-// Bearer header by itself.
+// Bearer header by itself. It guards every operator surface: the /admin
+// endpoints, /metrics, the profiles and /readyz's details.
 func (s *Server) adminAuth(c *gin.Context) {
-	tok := token(c.Request)
-	if _, pass, ok := c.Request.BasicAuth(); ok {
-		tok = secret.New(pass)
-	}
-	if s.cfg.AdminToken.IsZero() || tok.IsZero() || !tok.Equal(s.cfg.AdminToken) {
-		c.Header("WWW-Authenticate", `Basic realm="bulwark admin", charset="UTF-8"`)
-		apiError(c, http.StatusUnauthorized, "unauthorized", "", "admin token required (Bearer, or as the Basic auth password)")
+	if !s.isAdmin(c.Request) {
+		s.adminRefused(c)
 		return
 	}
 	c.Next()
+}
+
+// isAdmin reports whether r carries the admin token, compared in constant
+// time. Without a configured admin token nothing is admin.
+func (s *Server) isAdmin(r *http.Request) bool {
+	return AdminToken(r, s.cfg.AdminToken)
+}
+
+// AdminToken reports whether r carries the admin token want: Bearer,
+// x-api-key or the Basic-auth password, compared in constant time. A zero
+// want accepts nothing. The worker's debug listener guards its profiles
+// with it.
+func AdminToken(r *http.Request, want secret.String) bool {
+	tok := token(r)
+	if _, pass, ok := r.BasicAuth(); ok {
+		tok = secret.New(pass)
+	}
+	return !want.IsZero() && !tok.IsZero() && tok.Equal(want)
+}
+
+// adminRefused answers a request without the admin token: 401 with a
+// Basic challenge (a browser then asks for it), saying what is wanted and
+// never what the token is.
+func (s *Server) adminRefused(c *gin.Context) {
+	AdminRefused(c.Writer)
+	c.Abort()
+}
+
+// AdminRefused writes the 401 of a request without the admin token, in
+// the async API's error format.
+func AdminRefused(w http.ResponseWriter) {
+	w.Header().Set("WWW-Authenticate", `Basic realm="bulwark admin", charset="UTF-8"`)
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.WriteHeader(http.StatusUnauthorized)
+	_, _ = w.Write([]byte(adminRefusedBody))
+}
+
+// adminRefusedBody is AdminRefused's body (errorBody).
+const adminRefusedBody = `{"error":{"type":"unauthorized","message":"admin token required (Bearer, or as the Basic auth password)"}}`
+
+// hasCredentials reports whether r sends any token at all.
+func hasCredentials(r *http.Request) bool {
+	return r.Header.Get("Authorization") != "" || r.Header.Get("x-api-key") != ""
+}
+
+// AdminOnly serves h only to requests carrying the admin token want
+// (AdminToken); others get AdminRefused's 401.
+func AdminOnly(want secret.String, h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !AdminToken(r, want) {
+			AdminRefused(w)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 func tenantOf(c *gin.Context) intake.Tenant {

@@ -1,14 +1,10 @@
 package httpapi_test
 
 import (
-	"context"
-	"errors"
 	"net/http"
 	"slices"
 	"strings"
 	"testing"
-
-	"bulwark/pkg/httpapi"
 )
 
 // The tenants' endpoints want a tenant's token (Bearer or x-api-key): none,
@@ -127,46 +123,5 @@ func TestAdminInvalidate(t *testing.T) {
 	}
 	if calls := s.admin.list(); !slices.Equal(calls, []string{"case acme c1", "namespace  agent"}) {
 		t.Fatalf("admin calls %v", calls)
-	}
-}
-
-// /healthz always answers; /readyz is 503 while a required dependency is
-// down and 200, naming it under "degraded", while only a degradable one is.
-func TestHealth(t *testing.T) {
-	t.Parallel()
-	down := errors.New("down")
-	ok := func(context.Context) error { return nil }
-	fail := func(context.Context) error { return down }
-	for _, tt := range []struct {
-		name             string
-		ready, degraded  httpapi.Pinger
-		code             int
-		isReady          bool
-		degradedReported bool
-	}{
-		{"all up", ok, ok, http.StatusOK, true, false},
-		{"postgres down", ok, fail, http.StatusOK, true, true},
-		{"redis down", fail, ok, http.StatusServiceUnavailable, false, false},
-	} {
-		s := newServer(t, func(su *setup) {
-			su.deps.Ready = map[string]httpapi.Pinger{"redis": tt.ready}
-			su.deps.Degradable = map[string]httpapi.Pinger{"postgres": tt.degraded}
-		})
-		if r := s.do(t, "GET", "/healthz", "", ""); r.code != http.StatusOK || r.json(t)["status"] != "ok" {
-			t.Errorf("%s: healthz %d %s", tt.name, r.code, r.body)
-		}
-		r := s.do(t, "GET", "/readyz", "", "")
-		m := r.json(t)
-		checks, _ := m["checks"].(map[string]any)
-		_, hasDegraded := m["degraded"]
-		if r.code != tt.code || m["ready"] != tt.isReady || hasDegraded != tt.degradedReported || checks["redis"] == nil || checks["postgres"] == nil {
-			t.Errorf("%s: readyz %d %s", tt.name, r.code, r.body)
-		}
-		if tt.degradedReported && (checks["postgres"] != "down" || !strings.Contains(string(r.body), `"degraded":["postgres"]`)) {
-			t.Errorf("%s: readyz %s", tt.name, r.body)
-		}
-		if !tt.isReady && checks["redis"] != "down" {
-			t.Errorf("%s: readyz %s", tt.name, r.body)
-		}
 	}
 }

@@ -443,11 +443,13 @@ type setup struct {
 
 // server is the API under test.
 type server struct {
-	url   string
-	jobs  *memJobs
-	queue *memQueue
-	admin *memAdmin
-	hub   *progress.Hub
+	url string
+	// adminURL is the admin listener's, with Config.AdminApart only.
+	adminURL string
+	jobs     *memJobs
+	queue    *memQueue
+	admin    *memAdmin
+	hub      *progress.Hub
 }
 
 // newServer serves the API on fakes; edit may change the setup.
@@ -496,10 +498,16 @@ func newServer(t *testing.T, edit func(*setup)) *server {
 		}
 	})
 	awaitHub(t, hub, rdb, jobs.channel)
-	api, _ := httpapi.New(su.cfg, su.deps)
+	api, adm := httpapi.New(su.cfg, su.deps)
 	srv := httptest.NewServer(api)
 	t.Cleanup(srv.Close)
-	return &server{url: srv.URL, jobs: jobs, queue: q, admin: admin, hub: hub}
+	out := &server{url: srv.URL, jobs: jobs, queue: q, admin: admin, hub: hub}
+	if adm != nil {
+		asrv := httptest.NewServer(adm)
+		t.Cleanup(asrv.Close)
+		out.adminURL = asrv.URL
+	}
+	return out
 }
 
 // awaitHub returns once the hub hands on what is published on channel: a

@@ -192,10 +192,17 @@ func TestOpenAPIDocument(t *testing.T) {
 		for name := range declared {
 			t.Errorf("%s: parameter %s is not in the path", key, name)
 		}
-		// The tenants' and the operators' endpoints need a token; the
-		// others none.
-		needsToken := strings.HasPrefix(path, "/v1/") || strings.HasPrefix(path, "/admin/")
-		if needsToken != (len(asSlice(op["security"])) > 0) {
+		// The tenants' and the operators' endpoints (/metrics among them)
+		// need a token; /readyz takes the admin token for its details
+		// (an empty requirement first: optional); the others none.
+		sec := asSlice(op["security"])
+		needsToken := strings.HasPrefix(path, "/v1/") || strings.HasPrefix(path, "/admin/") || path == "/metrics"
+		switch {
+		case path == "/readyz":
+			if len(sec) < 2 || len(asMap(sec[0])) != 0 {
+				t.Errorf("%s: security %v; want optional admin auth", key, op["security"])
+			}
+		case needsToken != (len(sec) > 0):
 			t.Errorf("%s: security %v", key, op["security"])
 		}
 	}
@@ -306,4 +313,9 @@ func TestOpenAPIRoutes(t *testing.T) {
 			t.Errorf("%s: GET /openapi.json: %d %q, %d bytes", name, rec.Code, rec.Header().Get("Content-Type"), len(body))
 		}
 	}
+}
+
+func asMap(v any) map[string]any {
+	m, _ := v.(map[string]any)
+	return m
 }

@@ -13,7 +13,6 @@ import (
 	"log/slog"
 	"net/http"
 	"runtime/debug"
-	"slices"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -172,17 +171,19 @@ type Deps struct {
 	Cache    CacheAdmin   // optional
 	Reporter Reporter     // optional
 	Models   Models       // optional: compat endpoints off without it
-	Metrics  http.Handler // optional: /metrics
+	Metrics  http.Handler // optional: /metrics, behind the admin token, on the admin listener when apart
 	Queues   http.Handler // optional: asynqmon under /admin/queues
 	// Profiles, optional, serves net/http/pprof under /debug/pprof/; it
 	// is mounted at /admin/debug/pprof/, behind the admin token.
 	Profiles http.Handler
 	// Ready are the dependencies without which the API cannot serve:
-	// /readyz answers 503 while one is down.
+	// /readyz answers 503 while one is down. They are checked at most once
+	// a second, however many probes come (readyMaxAge).
 	Ready map[string]Pinger
 	// Degradable are those it serves without (PostgreSQL: cache and
-	// history are bypassed): /readyz stays 200 and names them in
-	// "degraded", so that a load balancer keeps the API in rotation.
+	// history are bypassed): /readyz stays 200 and, to the admin token,
+	// names them in "degraded", so that a load balancer keeps the API in
+	// rotation.
 	Degradable map[string]Pinger
 	Logger     *slog.Logger
 }
@@ -194,6 +195,8 @@ type Server struct {
 	// streams and waits count each tenant's open event streams and
 	// synchronous compat waits (intake.Tenant.MaxStreams, MaxSyncWaits).
 	streams, waits *gate
+	// readiness is /readyz's cached check, shared by both listeners.
+	readiness *readyCache
 }
 
 // New returns the API's handlers: the tenants' one, with the admin
@@ -201,7 +204,8 @@ type Server struct {
 // otherwise). Both serve the health endpoints.
 func New(cfg Config, d Deps) (api, admin http.Handler) {
 	cfg = cfg.WithDefaults()
-	s := &Server{cfg: cfg, d: d, streams: newGate(), waits: newGate()}
+	s := &Server{cfg: cfg, d: d, streams: newGate(), waits: newGate(),
+		readiness: &readyCache{ready: d.Ready, degradable: d.Degradable}}
 
 	r := s.engine()
 	s.publicRoutes(r)
@@ -209,14 +213,17 @@ func New(cfg Config, d Deps) (api, admin http.Handler) {
 		s.adminRoutes(r)
 		return r, nil
 	}
-	// The tenants' listener keeps no trace of /admin: 404 like any path.
+	// The tenants' listener keeps no trace of /admin or /metrics: 404 like
+	// any path.
 	a := s.engine()
 	s.adminRoutes(a)
 	return r, a
 }
 
 // engine is a router with the recovery, the request log, JSON 404/405
-// answers and the health endpoints.
+// answers and the health endpoints: /healthz and /readyz answer without a
+// token (load balancers send none); /readyz's details want the admin
+// token.
 func (s *Server) engine() *gin.Engine {
 	r := gin.New()
 	// Route breakers are named "provider/tier": an escaped slash
@@ -228,11 +235,8 @@ func (s *Server) engine() *gin.Engine {
 	r.NoMethod(func(c *gin.Context) {
 		apiError(c, http.StatusMethodNotAllowed, "method_not_allowed", "", "method not allowed")
 	})
-	r.GET("/healthz", func(c *gin.Context) { c.JSON(http.StatusOK, gin.H{"status": "ok"}) })
+	r.GET("/healthz", healthz)
 	r.GET("/readyz", s.ready)
-	if s.d.Metrics != nil {
-		r.GET("/metrics", gin.WrapH(s.d.Metrics))
-	}
 	return r
 }
 
@@ -250,11 +254,17 @@ func (s *Server) publicRoutes(r *gin.Engine) {
 	}
 }
 
-// adminRoutes are the operators' endpoints. An admin endpoint exists only
+// adminRoutes are the operators' endpoints, all behind the admin token,
+// on whichever listener they are served: /metrics (its scrape reads every
+// tenant's queue, the keys and the breakers from Redis; Prometheus sends
+// the token as a bearer token) and /admin. An admin endpoint exists only
 // when its part is configured; otherwise it answers 404 like any unknown
 // path.
 func (s *Server) adminRoutes(r *gin.Engine) {
 	d := s.d
+	if d.Metrics != nil {
+		r.GET("/metrics", s.adminAuth, gin.WrapH(d.Metrics))
+	}
 	admin := r.Group("/admin", s.limitBody, s.adminAuth, sameSite)
 	if d.Keys != nil {
 		admin.GET("/keys", s.adminKeys)
@@ -308,33 +318,6 @@ const (
 	ctxTenant    = "bulwark.tenant"
 	ctxRequestID = "bulwark.request_id"
 )
-
-func (s *Server) ready(c *gin.Context) {
-	ctx, cancel := context.WithTimeout(c.Request.Context(), 2*time.Second)
-	defer cancel()
-	checks := gin.H{}
-	check := func(pings map[string]Pinger) (down []string) {
-		for name, ping := range pings {
-			checks[name] = "ok"
-			if err := ping(ctx); err != nil {
-				checks[name] = "down"
-				down = append(down, name)
-			}
-		}
-		slices.Sort(down)
-		return down
-	}
-	out := gin.H{"checks": checks}
-	status, down := http.StatusOK, check(s.d.Ready)
-	out["ready"] = len(down) == 0
-	if len(down) > 0 {
-		status = http.StatusServiceUnavailable
-	}
-	if degraded := check(s.d.Degradable); len(degraded) > 0 {
-		out["degraded"] = degraded
-	}
-	c.JSON(status, out)
-}
 
 // limitBody caps request bodies; reading past the cap fails with
 // *http.MaxBytesError, answered 413.

@@ -51,10 +51,39 @@ func TestPromtoolTestRules(t *testing.T) {
 	promtool(t, "test", "rules", alertsTestFile)
 }
 
+// The sample configuration is checked whole (rule files included), with
+// the admin token file its api job names made in a temporary directory:
+// promtool refuses a credentials_file that does not exist.
 func TestPromtoolCheckConfig(t *testing.T) {
 	t.Parallel()
-	promtool(t, "check", "config", configFile)
+	raw, err := os.ReadFile(configFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(raw), adminTokenFile) {
+		t.Fatalf("%s: the api job does not send the admin token from %s", configFile, adminTokenFile)
+	}
+	dir := t.TempDir()
+	tokenFile := filepath.Join(dir, "bulwark-admin-token")
+	alerts, err := os.ReadFile(alertsFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, body := range map[string][]byte{
+		"prometheus.yml":      []byte(strings.ReplaceAll(string(raw), adminTokenFile, tokenFile)),
+		"alerts.yml":          alerts,
+		"bulwark-admin-token": []byte("token\n"),
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), body, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	promtool(t, "check", "config", filepath.Join(dir, "prometheus.yml"))
 }
+
+// adminTokenFile is where the sample configuration reads the admin token
+// that the api's /metrics wants.
+const adminTokenFile = "/etc/prometheus/bulwark-admin-token"
 
 // alertRule is the part of a Prometheus alerting rule the tests read.
 type alertRule struct {

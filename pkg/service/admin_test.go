@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -475,6 +477,86 @@ func TestAdminListenerApart(t *testing.T) {
 	}
 	if code, _, _ := call(t, "POST", api.admin.URL+"/v1/requests", devToken, ask("wrong door")); code != http.StatusNotFound {
 		t.Errorf("/v1/requests on the admin listener: %d, want 404", code)
+	}
+	// /metrics moves to the admin listener, still behind the token.
+	if code, _, _ := adminFetch(t, api.ts.URL+"/metrics", adminToken); code != http.StatusNotFound {
+		t.Errorf("/metrics on the tenants' listener: %d, want 404", code)
+	}
+	if code, _, _ := adminFetch(t, api.admin.URL+"/metrics", ""); code != http.StatusUnauthorized {
+		t.Errorf("/metrics on the admin listener without a token: %d, want 401", code)
+	}
+	if code, body, _ := adminFetch(t, api.admin.URL+"/metrics", adminToken); code != http.StatusOK || !strings.Contains(body, "bulwark_queue_depth") {
+		t.Errorf("/metrics on the admin listener with the token: %d %.200s", code, body)
+	}
+}
+
+// /metrics on the tenants' listener wants the admin token: without it a
+// scrape is a 401 that reads nothing from Redis; with it, the metrics.
+func TestMetricsWantAdminToken(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{})
+	api := s.startAPI()
+	for _, tok := range []string{"", devToken} {
+		code, body, _ := adminFetch(t, api.ts.URL+"/metrics", tok)
+		if code != http.StatusUnauthorized || !strings.Contains(body, "admin token required") || strings.Contains(body, "bulwark_") {
+			t.Errorf("/metrics with token %q: %d %.200s; want 401", tok, code, body)
+		}
+	}
+	if code, body, _ := adminFetch(t, api.ts.URL+"/metrics", adminToken); code != http.StatusOK || !strings.Contains(body, "bulwark_queue_depth") {
+		t.Fatalf("/metrics with the admin token: %d %.200s", code, body)
+	}
+}
+
+// A flood of /readyz from load balancers costs PostgreSQL about one pool
+// acquisition a second, not one a probe: 200 concurrent probes take at
+// most two (the cache's second may turn during the flood). Each gets the
+// status alone.
+func TestReadyzFloodSparesPostgres(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{})
+	api := s.startAPI()
+	before := api.base.PG.Stat().AcquireCount()
+	const n = 200
+	var wg sync.WaitGroup
+	bad := make(chan string, n)
+	for range n {
+		wg.Go(func() {
+			if code, body, _ := adminFetch(t, api.ts.URL+"/readyz", ""); code != http.StatusOK || body != `{"status":"ok"}` {
+				bad <- fmt.Sprintf("%d %.200s", code, body)
+			}
+		})
+	}
+	wg.Wait()
+	close(bad)
+	for b := range bad {
+		t.Fatalf("a probe got %s; want 200 {\"status\":\"ok\"}", b)
+	}
+	if got := api.base.PG.Stat().AcquireCount() - before; got > 2 {
+		t.Fatalf("%d probes took %d PostgreSQL pool connections; want at most 2", n, got)
+	}
+}
+
+// The worker's metrics listener serves /metrics without a token (a
+// private Prometheus scrapes it) and its profiles only with the admin
+// token, wherever it is bound.
+func TestWorkerDebugListener(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{})
+	s.startWorker()
+	ts := httptest.NewServer(s.workers[0].DebugHandler())
+	t.Cleanup(ts.Close)
+	if code, body, _ := adminFetch(t, ts.URL+"/metrics", ""); code != http.StatusOK || !strings.Contains(body, "bulwark_") {
+		t.Errorf("worker /metrics: %d %.200s", code, body)
+	}
+	for _, tok := range []string{"", devToken} {
+		if code, body, _ := adminFetch(t, ts.URL+"/debug/pprof/goroutine?debug=1", tok); code != http.StatusUnauthorized ||
+			!strings.Contains(body, "admin token required") {
+			t.Errorf("worker pprof with token %q: %d %.200s; want 401", tok, code, body)
+		}
+	}
+	if code, body, _ := adminFetch(t, ts.URL+"/debug/pprof/goroutine?debug=1", adminToken); code != http.StatusOK ||
+		!strings.Contains(body, "goroutine profile:") {
+		t.Errorf("worker pprof with the admin token: %d %.200s", code, body)
 	}
 }
 

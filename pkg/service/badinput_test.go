@@ -173,6 +173,17 @@ func TestBadInput(t *testing.T) {
 		{name: "admin: malformed invalidation", path: "/admin/cache/invalidate", auth: admin, body: `{"all":`, status: 400, msg: "malformed JSON"},
 		{name: "admin: empty invalidation", path: "/admin/cache/invalidate", auth: admin, body: `{}`, status: 422, msg: "give case_id, or tenant and/or layer, or all: true", field: "case_id"},
 		{name: "admin: report with a bad date", method: "GET", path: "/admin/report?from=yesterday", auth: admin, status: 400, msg: "must be RFC 3339", field: "from"},
+
+		// The operator surfaces on the tenants' listener: the metrics and
+		// the profiles want the admin token; /readyz answers a load
+		// balancer with its status alone ({"status":"ok"} is not a
+		// substring of the detailed answer, whose keys sort before it).
+		{name: "metrics: no token", method: "GET", path: "/metrics", status: 401, msg: "admin token required"},
+		{name: "metrics: a tenant's token", method: "GET", path: "/metrics", auth: dev, status: 401, msg: "admin token required"},
+		{name: "metrics: the token in x-api-key of a tenant", method: "GET", path: "/metrics", auth: anth, status: 401, msg: "admin token required"},
+		{name: "profiles: no token", method: "GET", path: "/admin/debug/pprof/goroutine?debug=1", status: 401, msg: "admin token required"},
+		{name: "readyz: no token, the status alone", method: "GET", path: "/readyz", status: 200, msg: `{"status":"ok"}`},
+		{name: "readyz: details with a tenant's token", method: "GET", path: "/readyz", auth: dev, status: 401, msg: "admin token required"},
 	}
 	ids := strings.NewReplacer("{queued}", queued, "{cancelled}", cancelled)
 	for _, tc := range cases {

@@ -87,7 +87,7 @@ func TestCacheFailsOpenWhenPostgresIsDown(t *testing.T) {
 			t.Fatalf("request during the outage: %v", out)
 		}
 	}
-	_, metricsText, _ := call(t, "GET", api.ts.URL+"/metrics", "", nil)
+	_, metricsText, _ := call(t, "GET", api.ts.URL+"/metrics", adminToken, nil)
 	if m := metricsText["_raw"].(string); !strings.Contains(m, "bulwark_cache_unavailable_total") || strings.Contains(m, "bulwark_cache_unavailable_total 0\n") {
 		t.Fatal("the outage was not counted in bulwark_cache_unavailable_total")
 	}

@@ -156,13 +156,13 @@ func TestHealthAndMetrics(t *testing.T) {
 	s := newSystem(t, opts{})
 	api := s.startAPI()
 	s.startWorker()
-	if code, out, _ := call(t, "GET", api.ts.URL+"/readyz", "", nil); code != 200 || out["ready"] != true {
+	if code, out, _ := call(t, "GET", api.ts.URL+"/readyz", adminToken, nil); code != 200 || out["ready"] != true {
 		t.Fatalf("readyz: %d %v", code, out)
 	}
 	id := api.submit(t, ask("metrics please"))
 	api.waitStatus(t, id, 15*time.Second, "completed")
 
-	_, out, _ := call(t, "GET", api.ts.URL+"/metrics", "", nil)
+	_, out, _ := call(t, "GET", api.ts.URL+"/metrics", adminToken, nil)
 	apiMetrics := out["_raw"].(string)
 	for _, want := range []string{
 		`bulwark_queue_depth{priority="critical"} 0`,

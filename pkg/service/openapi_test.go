@@ -47,7 +47,10 @@ func TestOpenAPIAgainstRealAnswers(t *testing.T) {
 	// Health, readiness, metrics and the description itself.
 	d.do(t, "GET /healthz", u+"/healthz", nil).want(t, 200)
 	d.do(t, "GET /readyz", u+"/readyz", nil).want(t, 200)
-	d.do(t, "GET /metrics", u+"/metrics", nil).want(t, 200)
+	d.do(t, "GET /readyz", u+"/readyz", nil, admin...).want(t, 200)
+	d.do(t, "GET /readyz", u+"/readyz", nil, tenant...).want(t, 401)
+	d.do(t, "GET /metrics", u+"/metrics", nil, admin...).want(t, 200)
+	d.do(t, "GET /metrics", u+"/metrics", nil).want(t, 401)
 	if x := d.do(t, "GET /openapi.json", u+"/openapi.json", nil).want(t, 200); !bytes.Equal(x.raw, httpapi.OpenAPI()) {
 		t.Error("GET /openapi.json does not serve httpapi.OpenAPI()")
 	}

@@ -121,21 +121,21 @@ func TestPostgresDownAtStartUp(t *testing.T) {
 	api := s.startAPI()
 	s.startWorker()
 
-	code, out, _ := call(t, "GET", api.ts.URL+"/readyz", "", nil)
+	code, out, _ := call(t, "GET", api.ts.URL+"/readyz", adminToken, nil)
 	if code != 200 || out["ready"] != true || !strings.Contains(asString(out["degraded"]), "postgres") {
 		t.Fatalf("readyz with PostgreSQL down: %d %v; want 200, ready, degraded [postgres]", code, out)
 	}
 	id := api.submit(t, ask("asked while the database is down"))
 	api.waitStatus(t, id, 20*time.Second, "completed")
 	waitFor(t, 5*time.Second, "the outcome kept for history", func() bool {
-		_, out, _ := call(t, "GET", api.ts.URL+"/metrics", "", nil)
+		_, out, _ := call(t, "GET", api.ts.URL+"/metrics", adminToken, nil)
 		raw, _ := out["_raw"].(string)
 		return strings.Contains(raw, "bulwark_history_backlog 1")
 	})
 
 	sw.up.Store(true)
 	waitFor(t, 20*time.Second, "/readyz without degraded parts", func() bool {
-		code, out, _ := call(t, "GET", api.ts.URL+"/readyz", "", nil)
+		code, out, _ := call(t, "GET", api.ts.URL+"/readyz", adminToken, nil)
 		return code == 200 && out["degraded"] == nil
 	})
 	conn, err := pgx.Connect(t.Context(), s.pgDSN)
@@ -169,7 +169,7 @@ func TestPostgresLostMidRun(t *testing.T) {
 	sw.down()
 	during := api.submit(t, ask("asked during the outage"))
 	api.waitStatus(t, during, 20*time.Second, "completed")
-	if code, out, _ := call(t, "GET", api.ts.URL+"/readyz", "", nil); code != 200 || !strings.Contains(asString(out["degraded"]), "postgres") {
+	if code, out, _ := call(t, "GET", api.ts.URL+"/readyz", adminToken, nil); code != 200 || !strings.Contains(asString(out["degraded"]), "postgres") {
 		t.Fatalf("readyz during the outage: %d %v; want 200 with degraded [postgres]", code, out)
 	}
 

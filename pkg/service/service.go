@@ -34,6 +34,7 @@ import (
 	"bulwark/pkg/embed"
 	"bulwark/pkg/finish"
 	"bulwark/pkg/history"
+	"bulwark/pkg/httpapi"
 	"bulwark/pkg/job"
 	"bulwark/pkg/keypool"
 	"bulwark/pkg/llm"
@@ -240,12 +241,18 @@ func (b *Base) MetricsHandler() http.Handler {
 	return promHandler(b.Registry)
 }
 
-// DebugHandler serves /metrics and the runtime profiles under
-// /debug/pprof/: the worker's metrics listener (loopback by default).
+// DebugHandler is the worker's metrics listener (worker.metrics_listen,
+// loopback by default): /metrics without a token, for a Prometheus on a
+// private network, and the runtime profiles under /debug/pprof/ behind
+// the admin token, as on the API. The profiles want the token wherever
+// the listener is bound: a CPU profile stalls the process for its
+// seconds and the goroutine dump shows request internals, and "is this
+// address loopback" cannot be told from a host name or from inside a
+// container whose port is published.
 func (b *Base) DebugHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", b.MetricsHandler())
-	mux.Handle(profilesPrefix, profiles())
+	mux.Handle(profilesPrefix, httpapi.AdminOnly(b.Cfg.Server.AdminToken, profiles()))
 	return mux
 }
 

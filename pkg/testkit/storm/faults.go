@@ -937,7 +937,9 @@ func (r readiness) healthy() bool {
 	return true
 }
 
-// readyz reads GET /readyz of the api at apiURL.
+// readyz reads GET /readyz of the api at apiURL, with the admin token:
+// without it the answer is the status alone, and the faults read which
+// dependency is down or degraded.
 func readyz(ctx context.Context, client *http.Client, apiURL string) (readiness, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -945,6 +947,7 @@ func readyz(ctx context.Context, client *http.Client, apiURL string) (readiness,
 	if err != nil {
 		return readiness{}, fmt.Errorf("storm: readyz: %w", err)
 	}
+	req.Header.Set("Authorization", "Bearer "+adminToken)
 	resp, err := client.Do(req)
 	if err != nil {
 		return readiness{}, fmt.Errorf("storm: readyz: %w", err)
