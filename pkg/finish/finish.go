@@ -201,7 +201,8 @@ func (f *Finisher) finish(ctx context.Context, rec *job.Record, e Ending, write 
 		public, detail = TenantReason(rec.Job, e.Code, e.Reason), provider.Redact(e.Reason)
 	}
 	err := write(wctx, job.Change{Status: e.Status, State: &st, Reason: public, Code: e.Code,
-		Detail: detail, Event: event(e, st, public), Keep: keep(rec.Job), Join: rec.Job.JoinKey})
+		Detail: detail, Event: event(e, st, public), Keep: keep(rec.Job), Join: rec.Job.JoinKey,
+		Tenant: rec.Job.Tenant, Idem: rec.Job.IdempotencyKey})
 	if err != nil {
 		return fmt.Errorf("finish %s: %w", rec.Job.ID, err)
 	}

@@ -177,7 +177,8 @@ func (in *Intake) build(t Tenant, s Submission) (*job.Job, error) {
 		ID: job.NewID(now), Tenant: t.Name, Priority: p, Route: s.Route, Request: req, CaseID: s.CaseID, Layer: layer,
 		ToolResultsHash: s.ToolResultsHash, Metadata: s.Metadata,
 		CacheRead: !s.NoCacheRead, CacheWrite: !s.NoCacheWrite, NoCompress: s.NoCompress, Stream: s.Stream,
-		CreatedAt: now, Deadline: now.Add(in.cfg.MaxWait),
+		IdempotencyKey: s.IdempotencyKey,
+		CreatedAt:      now, Deadline: now.Add(in.cfg.MaxWait),
 	}
 	if s.answeredInResponse() {
 		j.KeepEnded = job.EndedEventsTTL

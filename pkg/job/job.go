@@ -115,6 +115,10 @@ type Job struct {
 	// compat call): nothing will look for the record but by id, which
 	// history answers.
 	KeepEnded time.Duration `json:"keep_ended,omitempty"`
+	// IdempotencyKey is the caller's Idempotency-Key ("" for none): the
+	// key names the request until its record goes, and no longer
+	// (Change.Idem).
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
 	// Stream asks the worker to stream the answer: its deltas become
 	// EventDelta events as the provider writes them (a streaming compat
 	// call, or stream on the async API).

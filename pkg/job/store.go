@@ -130,7 +130,13 @@ if limit > 0 then
   end
   if n >= limit then return {2, tostring(n)} end
 end
-if KEYS[3] ~= KEYS[1] then redis.call("SET", KEYS[3], ARGV[5], "EX", ARGV[6]) end
+if KEYS[3] ~= KEYS[1] then
+  -- Named as long as the record: a request ended as it is stored keeps
+  -- its record the ended TTL.
+  local ittl = ARGV[6]
+  if ARGV[11] ~= "" then ittl = ARGV[14] end
+  redis.call("SET", KEYS[3], ARGV[5], "EX", ittl)
+end
 if KEYS[6] ~= KEYS[1] and ARGV[11] == "" then redis.call("SET", KEYS[6], ARGV[5], "EX", ARGV[6]) end
 -- One HSET with every field: queued, or already ended (a cache hit).
 local fields = {"job", ARGV[1], "status", ARGV[2], "state", "{}"}
@@ -250,8 +256,8 @@ func (s *Store) create(ctx context.Context, j *Job, ev Event, idemKey string, ma
 // transitionScript changes a request's status and appends its event.
 //
 // KEYS[1] job hash, KEYS[2] event stream, KEYS[3] live set, KEYS[4] the
-// request's join key, which an ending makes go with the record (KEYS[1]
-// again for none)
+// request's join key and KEYS[5] its idempotency key, which an ending
+// makes go with the record (KEYS[1] again for none)
 // ARGV[1] new status ("" keeps it), ARGV[2] state JSON ("" keeps it),
 // ARGV[3] event JSON ("" for none), ARGV[4] channel, ARGV[5] id,
 // ARGV[6] ttl seconds to set when the new status is terminal (0 none),
@@ -284,6 +290,7 @@ if tonumber(ARGV[6]) > 0 then
   redis.call("EXPIRE", KEYS[2], ARGV[11])
   redis.call("ZREM", KEYS[3], ARGV[5])
   if KEYS[4] ~= KEYS[1] and redis.call("GET", KEYS[4]) == ARGV[5] then redis.call("EXPIRE", KEYS[4], ARGV[6]) end
+  if KEYS[5] ~= KEYS[1] and redis.call("GET", KEYS[5]) == ARGV[5] then redis.call("EXPIRE", KEYS[5], ARGV[6]) end
 end
 return {1, sid}
 `)
@@ -303,6 +310,10 @@ type Change struct {
 	// as the record (Keep), for a resend whose caller never got the
 	// answer. "" for none.
 	Join string
+	// Tenant and Idem are the request's tenant and Job.IdempotencyKey: an
+	// ending keeps the key only as long as the record, so that a retry
+	// with it never finds an id whose record is gone. "" for none.
+	Tenant, Idem string
 }
 
 // Apply applies c unless the request has ended. It returns the event's
@@ -316,11 +327,14 @@ func (s *Store) Apply(ctx context.Context, id string, c Change) (string, error) 
 	if c.Status.Terminal() {
 		ttl = max(1, int(keep.Seconds()))
 	}
-	jk := s.jobKey(id) // none
+	jk, ik := s.jobKey(id), s.jobKey(id) // none
 	if c.Join != "" && c.Status.Terminal() {
 		jk = s.joinKey(c.Join)
 	}
-	res, err := transitionScript.Run(ctx, s.rdb, []string{s.jobKey(id), s.streamKey(id), s.liveKey(), jk},
+	if c.Idem != "" && c.Status.Terminal() {
+		ik = s.idemKey(c.Tenant, c.Idem)
+	}
+	res, err := transitionScript.Run(ctx, s.rdb, []string{s.jobKey(id), s.streamKey(id), s.liveKey(), jk, ik},
 		string(c.Status), state, event, s.Channel(), id, ttl, c.Reason, MaxEvents, string(c.Code), c.Detail,
 		eventsTTL(keep)).Slice()
 	if err != nil {

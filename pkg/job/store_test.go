@@ -306,3 +306,39 @@ func TestJoinKey(t *testing.T) {
 		t.Fatalf("joinable %q, want r3", id)
 	}
 }
+
+// An idempotency key names its request as long as the record lives and no
+// longer: ending the request gives the key the record's TTL (it had the
+// queued record's, up to queue_max_wait longer), so a retry with the key
+// never finds an id whose record is gone. So does a request ended as it
+// is stored.
+func TestIdempotencyKeyGoesWithTheRecord(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	s := job.NewStore(rdb, "b:", time.Hour)
+	j := newJob("r1")
+	j.Deadline = time.Now().Add(5 * time.Minute)
+	if _, created, err := s.Create(ctx, j, job.Event{Type: job.EventQueued}, "idem-1", 0); err != nil || !created {
+		t.Fatalf("create: %v %v", created, err)
+	}
+	keep := 10 * time.Minute
+	if _, err := s.Apply(ctx, "r1", job.Change{Status: job.StatusCompleted, Event: &job.Event{Type: job.EventCompleted},
+		Keep: keep, Tenant: "t", Idem: "idem-1"}); err != nil {
+		t.Fatal(err)
+	}
+	rec, key := rdb.TTL(ctx, "b:job:r1").Val(), rdb.TTL(ctx, "b:idem:t:idem-1").Val()
+	if rec <= 0 || key <= 0 || key > rec {
+		t.Fatalf("after the end: record TTL %s, idempotency key TTL %s; want the key gone no later than the record", rec, key)
+	}
+
+	st := job.State{Result: &llm.Response{Content: []llm.Block{{Type: llm.BlockText, Text: "hit"}}}}
+	if _, created, err := s.CreateEnded(ctx, newJob("r2"), job.Event{Type: job.EventQueued}, "idem-2",
+		job.Change{Status: job.StatusCompleted, State: &st, Event: &job.Event{Type: job.EventCompleted}, Keep: keep}); err != nil || !created {
+		t.Fatalf("create ended: %v %v", created, err)
+	}
+	rec, key = rdb.TTL(ctx, "b:job:r2").Val(), rdb.TTL(ctx, "b:idem:t:idem-2").Val()
+	if rec <= 0 || key <= 0 || key > rec {
+		t.Fatalf("ended as stored: record TTL %s, idempotency key TTL %s", rec, key)
+	}
+}
