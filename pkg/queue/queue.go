@@ -168,6 +168,7 @@ type Queue struct {
 	inspector *asynq.Inspector
 	cfg       Config
 	admit     admission
+	spots     spotCache
 }
 
 // New returns a Queue on rdb; rdb stays owned by the caller.
@@ -428,13 +429,27 @@ func b2i(b bool) int {
 // asynq's list nor the slots' line for the few milliseconds before its
 // worker asks for a slot (a storm's request read then was promised no
 // wait and waited 4.5 s): when others are queued, so that it may well
-// wait too, one more read tells it from a started one.
+// wait too, one more read tells it from a started one. A request found in
+// the process's latest snapshot (at most spotsMaxAge old) is answered from
+// it: reads of queued requests cost one computation per snapshot, not one
+// each; one not found there is looked for afresh.
 func (q *Queue) SpotOf(ctx context.Context, id string) (Spot, error) {
-	for try := 0; ; try++ {
+	first := 0
+	if spots, fresh, err := q.recentSpots(ctx); err == nil {
+		sp, ok := spots[id]
+		if ok || (fresh && len(spots) == 0) {
+			return sp, nil
+		}
+		if fresh {
+			first = 1 // that was the first read
+		}
+	}
+	for try := first; ; try++ {
 		spots, err := q.Spots(ctx)
 		if err != nil {
 			return Spot{}, err
 		}
+		q.keepSpots(spots)
 		sp, ok := spots[id]
 		if ok || len(spots) == 0 || try == 1 {
 			return sp, nil

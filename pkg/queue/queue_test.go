@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -273,5 +274,49 @@ func TestPromote(t *testing.T) {
 		if moved, err := q.Promote(ctx, tt.id, tt.from, tt.to); err != nil || moved {
 			t.Errorf("promote %s %s→%s: %v %v, want nothing moved", tt.id, tt.from, tt.to, moved, err)
 		}
+	}
+}
+
+// countingWaiters counts the computations of the spots (each reads the
+// slots' line once).
+type countingWaiters struct {
+	fakeWaiters
+	reads atomic.Int32
+}
+
+func (c *countingWaiters) Waiting(ctx context.Context) (map[priority.Priority][]string, error) {
+	c.reads.Add(1)
+	return c.fakeWaiters.Waiting(ctx)
+}
+
+// Reads of queued requests' spots share the process's latest snapshot: a
+// flood of 200 concurrent reads computes the spots (every pending list)
+// about once, not 200 times, and each still gets its own place.
+func TestSpotOfSharesOneSnapshot(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	w := &countingWaiters{fakeWaiters: fakeWaiters{free: map[priority.Priority]int{}}}
+	q := queue.New(testenv.Redis(t), queue.Config{Prefix: "t:", Waiters: w})
+	defer q.Close()
+	for _, id := range []string{"a", "b", "c"} {
+		if err := q.Enqueue(ctx, id, priority.Low, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	var wrong atomic.Int32
+	for i := range 200 {
+		wg.Go(func() {
+			id := []string{"a", "b", "c"}[i%3]
+			if sp, err := q.SpotOf(ctx, id); err != nil || sp.Position != i%3+1 {
+				wrong.Add(1)
+			}
+		})
+	}
+	wg.Wait()
+	// One snapshot serves every read made within its 100 ms; a slow
+	// machine may need a few.
+	if n := w.reads.Load(); wrong.Load() != 0 || n > 10 {
+		t.Fatalf("%d of 200 reads got a wrong place; the spots were computed %d times", wrong.Load(), n)
 	}
 }
