@@ -346,18 +346,16 @@ func (s *Server) await(ctx context.Context, a *intake.Accepted) (*job.Record, er
 // cache did are then sent as trailers (X-Bulwark-Provider,
 // X-Bulwark-Model-Tier, X-Bulwark-Cache), the headers being gone.
 //
-// Each write has WriteTimeout to go out: a caller that reads slower than
-// that is dropped (the worker never waits for it; pkg/progress replays
-// the deltas a busy stream missed from the request's events, which
-// job.MaxEvents bounds).
+// Each write has WriteTimeout to go out (writeDeadlines): a caller that
+// reads slower than that is dropped (the worker never waits for it;
+// pkg/progress replays the deltas a busy stream missed from the request's
+// events, which job.MaxEvents bounds).
 func (s *Server) awaitStreaming(c *gin.Context, a *intake.Accepted, sw streamWriter) (*job.Record, error) {
 	w := c.Writer
 	w.Header().Set("Trailer", "X-Bulwark-Provider, X-Bulwark-Model-Tier, X-Bulwark-Cache")
 	startSSE(w)
 	w.Flush()
-	rc := http.NewResponseController(w)
 	keepAlive := func() error {
-		_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
 		if _, err := fmt.Fprint(w, ": waiting\n\n"); err != nil {
 			return err
 		}
@@ -368,7 +366,6 @@ func (s *Server) awaitStreaming(c *gin.Context, a *intake.Accepted, sw streamWri
 		if ev.Type != job.EventDelta {
 			return nil
 		}
-		_ = rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
 		for _, dl := range ev.Delta {
 			if err := sw.Delta(dl); err != nil {
 				return err
@@ -441,7 +438,6 @@ func (s *Server) compatAnswer(c *gin.Context, d dialect, rec *job.Record, ans an
 		if !c.Writer.Written() {
 			startSSE(c.Writer)
 		}
-		_ = http.NewResponseController(c.Writer).SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout))
 		if err := sw.End(&resp); err != nil {
 			s.d.Logger.Warn("compat: stream", "err", err)
 		}

@@ -19,7 +19,8 @@ import (
 // Last-Event-ID gets exactly what it missed; position updates carry no id.
 // The stream ends after the terminal event (a finished request's stream
 // sends it at once), after StreamMaxLifetime (the client reconnects), or
-// when a write to a client that stopped reading passes WriteTimeout.
+// when a write to a client that stopped reading passes WriteTimeout
+// (writeDeadlines).
 func (s *Server) events(c *gin.Context) {
 	last := c.GetHeader("Last-Event-ID")
 	if last == "" {
@@ -62,8 +63,6 @@ func (s *Server) events(c *gin.Context) {
 
 	w := c.Writer
 	startSSE(w)
-	rc := http.NewResponseController(w)
-	deadline := func() { _ = rc.SetWriteDeadline(time.Now().Add(s.cfg.WriteTimeout)) }
 
 	detached := false // the leader ended for a reason of its own: follow our own events
 	write := func(ev job.Event) bool {
@@ -72,7 +71,6 @@ func (s *Server) events(c *gin.Context) {
 			return false
 		}
 		ev.RequestID = own.Job.ID
-		deadline()
 		if err := writeSSE(w, ev); err != nil {
 			return true
 		}
@@ -148,7 +146,6 @@ func (s *Server) events(c *gin.Context) {
 					return
 				}
 			}
-			deadline()
 			if _, err := fmt.Fprint(w, ": keepalive\n\n"); err != nil {
 				return
 			}

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http/httptest"
 	"slices"
 	"sync"
@@ -439,6 +440,8 @@ type setup struct {
 	cache    memCache
 	limiter  memLimiter
 	admitErr error
+	// listen, if set, wraps the API's listener (deadline_test.go).
+	listen func(net.Listener) net.Listener
 }
 
 // server is the API under test.
@@ -499,7 +502,11 @@ func newServer(t *testing.T, edit func(*setup)) *server {
 	})
 	awaitHub(t, hub, rdb, jobs.channel)
 	api, adm := httpapi.New(su.cfg, su.deps)
-	srv := httptest.NewServer(api)
+	srv := httptest.NewUnstartedServer(api)
+	if su.listen != nil {
+		srv.Listener = su.listen(srv.Listener)
+	}
+	srv.Start()
 	t.Cleanup(srv.Close)
 	out := &server{url: srv.URL, jobs: jobs, queue: q, admin: admin, hub: hub}
 	if adm != nil {

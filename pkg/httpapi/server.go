@@ -104,8 +104,10 @@ type Config struct {
 	// KeepAlive of SSE streams (comment lines). Default KeepAliveDefault
 	// (15s).
 	KeepAlive time.Duration
-	// WriteTimeout bounds each write of an SSE event or keep-alive: a
-	// client that stops reading is cut after it. Default
+	// WriteTimeout bounds each write of every response (a JSON body, a
+	// compat answer, an SSE event or keep-alive): a client that stops
+	// reading is dropped after it and its slots freed (writeDeadlines).
+	// Waiting before the first byte is not bounded by it. Default
 	// WriteTimeoutDefault (30s).
 	WriteTimeout time.Duration
 	// StreamMaxLifetime ends an SSE stream after this long (the client
@@ -229,7 +231,7 @@ func (s *Server) engine() *gin.Engine {
 	// Route breakers are named "provider/tier": an escaped slash
 	// (claude%2Fsonnet) must reach :name whole, not split the path.
 	r.UseRawPath = true
-	r.Use(gin.CustomRecoveryWithWriter(io.Discard, s.recovered), s.logRequests)
+	r.Use(s.writeDeadlines, gin.CustomRecoveryWithWriter(io.Discard, s.recovered), s.logRequests)
 	r.HandleMethodNotAllowed = true
 	r.NoRoute(func(c *gin.Context) { apiError(c, http.StatusNotFound, "not_found", "", "no such endpoint") })
 	r.NoMethod(func(c *gin.Context) {
