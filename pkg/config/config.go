@@ -202,6 +202,11 @@ type Postgres struct {
 	// HistoryRetention is how long request history rows are kept (the
 	// hourly retention job deletes older ones). Default 30 days.
 	HistoryRetention time.Duration `yaml:"history_retention"`
+	// HistoryFlushTimeout bounds, as a whole, the history rows a process
+	// writes as it shuts down; what PostgreSQL has not taken by then goes
+	// to the Redis outbox for a replay. A supervisor's kill grace must
+	// outlast the process's shutdown timeout plus this. Default 3s.
+	HistoryFlushTimeout time.Duration `yaml:"history_flush_timeout"`
 }
 
 // Worker configures the worker process.

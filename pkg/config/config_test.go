@@ -217,6 +217,8 @@ func TestValidation(t *testing.T) {
 			"worker: dispatch: hold_wait (3s) must be >= pace_wait (5s)"},
 		{"embedder dims out of range", minimal + `cache: {embedder: {kind: openai, base_url: "http://127.0.0.1:2", model: m, dims: 99999}}`,
 			map[string]string{"K1": secretVal}, "cache.embedder: embed: OpenAIConfig.Dims 99999"},
+		{"negative history flush timeout", strings.Replace(minimal, "postgres: {", "postgres: {history_flush_timeout: -1s, ", 1), map[string]string{"K1": secretVal},
+			"postgres.history_flush_timeout: must be > 0"},
 		{"embedder over plain http to another host", minimal + `cache: {embedder: {kind: openai, base_url: "http://embed.example.com", model: m, dims: 8}}`,
 			map[string]string{"K1": secretVal}, "cache.embedder.base_url: must use https unless the host is loopback"},
 		{"embedder with a key in its URL", minimal + `cache: {embedder: {kind: openai, base_url: "https://embed.example.com/?key=x", model: m, dims: 8}}`,

@@ -8,6 +8,7 @@ import (
 	"bulwark/pkg/cache"
 	"bulwark/pkg/dispatch"
 	"bulwark/pkg/embed"
+	"bulwark/pkg/history"
 	"bulwark/pkg/httpapi"
 	"bulwark/pkg/intake"
 	"bulwark/pkg/keypool"
@@ -65,13 +66,14 @@ const (
 	AlertThrottleDefault           = alert.ThrottleDefault
 	// ProbeMarginDefault is how much longer than the longest provider
 	// timeout breaker.probe_timeout defaults to.
-	ProbeMarginDefault        = 30 * time.Second
-	AlertIntervalDefault      = 30 * time.Second
-	ReportAtDefault           = "08:00"
-	TenantRPMDefault          = 1200
-	HistoryRetentionDefault   = 30 * 24 * time.Hour
-	TenantMaxStreamsDefault   = 200
-	TenantMaxSyncWaitsDefault = 100
+	ProbeMarginDefault         = 30 * time.Second
+	AlertIntervalDefault       = 30 * time.Second
+	ReportAtDefault            = "08:00"
+	TenantRPMDefault           = 1200
+	HistoryRetentionDefault    = 30 * 24 * time.Hour
+	HistoryFlushTimeoutDefault = history.FlushTimeoutDefault
+	TenantMaxStreamsDefault    = 200
+	TenantMaxSyncWaitsDefault  = 100
 )
 
 // SyncTimeoutDefault is server.sync_timeout's default: queue_max_wait plus
@@ -127,6 +129,7 @@ func (c *Config) setDefaults() {
 	orDefault(&c.Redis.Prefix, RedisPrefixDefault)
 	orDefault(&c.Postgres.MaxConns, PGMaxConnsDefault)
 	orDefault(&c.Postgres.HistoryRetention, HistoryRetentionDefault)
+	orDefault(&c.Postgres.HistoryFlushTimeout, HistoryFlushTimeoutDefault)
 
 	w := &c.Worker
 	orDefault(&w.MetricsListen, WorkerMetricsListenDefault)

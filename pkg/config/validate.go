@@ -65,6 +65,9 @@ func (c *Config) validateBasics(add func(field, format string, args ...any)) {
 	if c.Postgres.HistoryRetention < time.Hour {
 		add("postgres.history_retention", "must be at least 1h, got %s", c.Postgres.HistoryRetention)
 	}
+	if c.Postgres.HistoryFlushTimeout < 0 {
+		add("postgres.history_flush_timeout", "must be > 0, got %s", c.Postgres.HistoryFlushTimeout)
+	}
 	if f := c.Log.Format; f != "json" && f != "text" {
 		add("log.format", "must be json or text, not %q", f)
 	}

@@ -160,6 +160,7 @@ func Open(ctx context.Context, cfg *config.Config, logger *slog.Logger) (b *Base
 		return nil, fmt.Errorf("service: breakers: %w", err)
 	}
 	b.History = history.New(b.PG, logger, time.Minute)
+	b.History.FlushTimeout = cfg.Postgres.HistoryFlushTimeout
 	b.Claims = coalesce.New(b.Redis, ks.Root())
 	b.History.OnError = func() { b.Metrics.HistoryErrors.Inc() }
 	b.History.OnDrop = func() { b.Metrics.HistoryDropped.Inc() }
