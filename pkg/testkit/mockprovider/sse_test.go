@@ -26,10 +26,9 @@ type sseMsg struct {
 
 // sseStream reads a streamed answer event by event.
 type sseStream struct {
-	resp  *http.Response
-	sent  time.Time // when the request went out
-	rd    *bufio.Reader
-	ended bool
+	resp *http.Response
+	sent time.Time // when the request went out
+	rd   *bufio.Reader
 }
 
 // next returns the next event: io.EOF at the clean end of the body,
