@@ -4,10 +4,11 @@ import (
 	"context"
 	"net/http"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/gin-gonic/gin"
+
+	"bulwark/pkg/recent"
 )
 
 // Readiness answers.
@@ -27,56 +28,19 @@ type readiness struct {
 	degraded []string          // degradable dependencies down, sorted
 }
 
-// readyCache runs the readiness checks at most once per readyMaxAge, one
-// at a time: while a check runs, the other probes wait for its result
-// instead of starting their own.
-type readyCache struct {
-	ready, degradable map[string]Pinger
-
-	mu      sync.Mutex
-	last    readiness     // guarded by mu
-	at      time.Time     // when last was checked; zero before the first check
-	running chan struct{} // closed when the check in flight ends; nil when none
+// newReadiness returns /readyz's shared check of the dependencies: run at
+// most once per readyMaxAge, one at a time, the other probes waiting for
+// its result (pkg/recent).
+func newReadiness(ready, degradable map[string]Pinger) *recent.Value[readiness] {
+	return &recent.Value[readiness]{MaxAge: readyMaxAge, Load: func(ctx context.Context) (readiness, error) {
+		ctx, cancel := context.WithTimeout(ctx, readyTimeout)
+		defer cancel()
+		return check(ctx, ready, degradable), nil
+	}}
 }
 
-// get returns a result at most readyMaxAge old, checking if there is
-// none. The caller whose probe starts a check runs it (no goroutine of
-// its own); a caller that gives up waiting gets the last result, or not
-// ready before the first.
-func (rc *readyCache) get(ctx context.Context) readiness {
-	rc.mu.Lock()
-	if !rc.at.IsZero() && time.Since(rc.at) < readyMaxAge {
-		r := rc.last
-		rc.mu.Unlock()
-		return r
-	}
-	if wait := rc.running; wait != nil {
-		rc.mu.Unlock()
-		select {
-		case <-wait:
-		case <-ctx.Done():
-		}
-		rc.mu.Lock()
-		defer rc.mu.Unlock()
-		return rc.last
-	}
-	done := make(chan struct{})
-	rc.running = done
-	rc.mu.Unlock()
-
-	// The check answers every waiting probe: the caller going away must
-	// not cut it short.
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readyTimeout)
-	r := rc.check(cctx)
-	cancel()
-	rc.mu.Lock()
-	rc.last, rc.at, rc.running = r, time.Now(), nil
-	rc.mu.Unlock()
-	close(done)
-	return r
-}
-
-func (rc *readyCache) check(ctx context.Context) readiness {
+// check pings every dependency.
+func check(ctx context.Context, ready, degradable map[string]Pinger) readiness {
 	r := readiness{checks: map[string]string{}}
 	ping := func(pings map[string]Pinger) (down []string) {
 		for name, p := range pings {
@@ -89,8 +53,8 @@ func (rc *readyCache) check(ctx context.Context) readiness {
 		slices.Sort(down)
 		return down
 	}
-	r.ready = len(ping(rc.ready)) == 0
-	r.degraded = ping(rc.degradable)
+	r.ready = len(ping(ready)) == 0
+	r.degraded = ping(degradable)
 	return r
 }
 
@@ -109,7 +73,7 @@ func (s *Server) ready(c *gin.Context) {
 		s.adminRefused(c)
 		return
 	}
-	r := s.readiness.get(c.Request.Context())
+	r, _, _ := s.readiness.Get(c.Request.Context()) // a probe that went away: not ready
 	status, word := http.StatusOK, "ok"
 	if !r.ready {
 		status, word = http.StatusServiceUnavailable, "unavailable"

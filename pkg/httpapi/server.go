@@ -25,6 +25,7 @@ import (
 	"bulwark/pkg/llm"
 	"bulwark/pkg/progress"
 	"bulwark/pkg/queue"
+	"bulwark/pkg/recent"
 	"bulwark/pkg/secret"
 )
 
@@ -198,7 +199,7 @@ type Server struct {
 	// synchronous compat waits (intake.Tenant.MaxStreams, MaxSyncWaits).
 	streams, waits *gate
 	// readiness is /readyz's cached check, shared by both listeners.
-	readiness *readyCache
+	readiness *recent.Value[readiness]
 }
 
 // New returns the API's handlers: the tenants' one, with the admin
@@ -207,7 +208,7 @@ type Server struct {
 func New(cfg Config, d Deps) (api, admin http.Handler) {
 	cfg = cfg.WithDefaults()
 	s := &Server{cfg: cfg, d: d, streams: newGate(), waits: newGate(),
-		readiness: &readyCache{ready: d.Ready, degradable: d.Degradable}}
+		readiness: newReadiness(d.Ready, d.Degradable)}
 
 	r := s.engine()
 	s.publicRoutes(r)

@@ -40,6 +40,7 @@ import (
 
 	"bulwark/pkg/job"
 	"bulwark/pkg/priority"
+	"bulwark/pkg/recent"
 	"bulwark/pkg/slots"
 )
 
@@ -168,19 +169,30 @@ type Queue struct {
 	inspector *asynq.Inspector
 	cfg       Config
 	admit     admission
-	spots     spotCache
+	// spots is the process's latest snapshot of every queued request's
+	// spot (SpotOf).
+	spots *recent.Value[map[string]Spot]
 }
 
 // New returns a Queue on rdb; rdb stays owned by the caller.
 func New(rdb redis.UniversalClient, cfg Config) *Queue {
 	cfg = cfg.WithDefaults()
-	return &Queue{
+	q := &Queue{
 		rdb:       rdb,
 		client:    asynq.NewClientFromRedisClient(rdb),
 		inspector: asynq.NewInspectorFromRedisClient(rdb),
 		cfg:       cfg,
 	}
+	q.spots = &recent.Value[map[string]Spot]{MaxAge: spotsMaxAge, Load: q.Spots}
+	return q
 }
+
+// spotsMaxAge is how old a snapshot of every queued request's spot may be
+// when SpotOf finds a request in it. Computing the spots reads every
+// pending list (O(queue depth)): a flood of GETs of queued requests, each
+// computing them afresh, cost Redis that much per read. The hub
+// recomputes its streams' positions at about this pace too.
+const spotsMaxAge = 100 * time.Millisecond
 
 // Close releases the asynq client and inspector (not the Redis client).
 func (q *Queue) Close() error {
@@ -435,7 +447,7 @@ func b2i(b bool) int {
 // each; one not found there is looked for afresh.
 func (q *Queue) SpotOf(ctx context.Context, id string) (Spot, error) {
 	first := 0
-	if spots, fresh, err := q.recentSpots(ctx); err == nil {
+	if spots, fresh, err := q.spots.Get(ctx); err == nil {
 		sp, ok := spots[id]
 		if ok || (fresh && len(spots) == 0) {
 			return sp, nil
@@ -449,7 +461,7 @@ func (q *Queue) SpotOf(ctx context.Context, id string) (Spot, error) {
 		if err != nil {
 			return Spot{}, err
 		}
-		q.keepSpots(spots)
+		q.spots.Put(spots)
 		sp, ok := spots[id]
 		if ok || len(spots) == 0 || try == 1 {
 			return sp, nil
