@@ -85,7 +85,8 @@ FUZZ_TARGETS = \
 	pkg/provider:FuzzDecodeAnthropicRequest \
 	pkg/service:FuzzAPIBody \
 	pkg/service:FuzzLastEventID \
-	pkg/history:FuzzStoredRecord
+	pkg/history:FuzzStoredRecord \
+	pkg/compactjson:FuzzMarshal
 
 fuzz:
 	@failed=; for t in $(FUZZ_TARGETS); do \

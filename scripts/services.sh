@@ -36,6 +36,7 @@ start_redis() {
   redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --dir "$DATA/redis" \
     --appendonly yes --appendfsync everysec --daemonize yes \
     --databases 64 --save "" --protected-mode yes \
+    --maxmemory "${BULWARK_REDIS_MAXMEMORY:-2gb}" --maxmemory-policy noeviction \
     --pidfile "$DATA/redis/redis.pid" --logfile "$DATA/redis/redis.log"
   for _ in $(seq 100); do redis_up && return 0; sleep 0.1; done
   log "redis did not start; see $DATA/redis/redis.log"; exit 1

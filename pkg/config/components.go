@@ -239,6 +239,16 @@ func (c *Config) TenantsByToken() map[string]intake.Tenant {
 	return out
 }
 
+// StoredBytes returns each tenant's Redis budget (max_stored_bytes; <= 0
+// none), by name.
+func (c *Config) StoredBytes() map[string]int64 {
+	out := make(map[string]int64, len(c.Tenants))
+	for _, t := range c.Tenants {
+		out[t.Name] = t.MaxStoredBytes
+	}
+	return out
+}
+
 // Price is the configured price of a route's tokens (prices).
 func (c *Config) Price(r llm.Route) metrics.Price {
 	p := c.Prices[r.String()]

@@ -470,6 +470,15 @@ type Tenant struct {
 	// MaxSyncWaits bounds its compat requests waiting for their answer per
 	// API process. Default 100; -1 = unlimited.
 	MaxSyncWaits int `yaml:"max_sync_waits"`
+	// MaxStoredBytes is its Redis budget: what its requests may hold in
+	// Redis at once — records queued, running and ended (kept
+	// server.result_ttl), their event streams and its outcomes waiting in
+	// the history outbox — as counted by pkg/job (within about a third
+	// above Redis's own MEMORY USAGE). A submission that would pass it is
+	// answered 429 tenant_storage_full. Default 256 MiB (268435456): an
+	// hour of 1,200 typical requests a minute fits in about half of it;
+	// -1 = unlimited. At least 2 × server.max_body_bytes.
+	MaxStoredBytes int64 `yaml:"max_stored_bytes"`
 
 	bothTokens bool // token and token_sha256 were both set: one would be ignored
 	// DefaultLayer of the cache for its requests. Default: cache.default_layer.

@@ -61,7 +61,8 @@ type composeService struct {
 // metrics listener (its /metrics has no token) publishes no port, so it
 // stays on the private compose network; the stop grace
 // periods outlast the shutdown timeouts; one scheduler; Redis keeps an
-// append-only file and PostgreSQL has pgvector.
+// append-only file, is bounded (maxmemory) and never evicts, and
+// PostgreSQL has pgvector.
 func TestComposeExample(t *testing.T) {
 	t.Parallel()
 	raw, err := os.ReadFile(composeFile)
@@ -126,6 +127,10 @@ func TestComposeExample(t *testing.T) {
 	}
 	if img := doc.Services["postgres"].Image; !strings.Contains(img, "pgvector") {
 		t.Errorf("compose: postgres image %q has no pgvector", img)
+	}
+	if cmd := strings.Join(doc.Services["redis"].Command, " "); !strings.Contains(cmd, "--maxmemory-policy noeviction") ||
+		!strings.Contains(cmd, "--maxmemory ") {
+		t.Errorf("compose: redis runs %q; want a maxmemory and --maxmemory-policy noeviction", cmd)
 	}
 	if cmd := strings.Join(doc.Services["redis"].Command, " "); !strings.Contains(cmd, "--appendonly yes") {
 		t.Errorf("compose: redis runs %q, without its append-only file", cmd)

@@ -6,7 +6,8 @@ package config
 // key functions). Every key Bulwark writes:
 //
 //	<prefix>{job}:job:<id>, ev:<id>, live, live-of:<tenant>,
-//	  idem:<tenant>:<key>, replicated, events (channel)   pkg/job
+//	  idem:<tenant>:<key>, bytes-of:<tenant>,
+//	  expiry-of:<tenant>, replicated, events (channel)    pkg/job
 //	<prefix>{slots}:…                                     pkg/slots
 //	<prefix>{keypool}:…                                   pkg/keypool
 //	<prefix>{breaker}:…                                   pkg/breaker
@@ -14,7 +15,7 @@ package config
 //	<prefix>inflight:<ref>                                pkg/coalesce
 //	<prefix>alert:throttle:<kind>:<subject>               pkg/alert
 //	<prefix>history:outbox                                pkg/history
-//	{<prefix>history:outbox}:replaying (the outbox's slot) pkg/history
+//	{<prefix>history:outbox}:replaying, :bytes (its slot)  pkg/history
 //	<prefix>sweep:lock, alerts:down, history:reconciled,  pkg/maintenance
 //	<prefix>history:reconcile:watch                       pkg/maintenance
 //	<prefix>tenant:<name> (GCRA state)                    Tenant below

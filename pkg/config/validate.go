@@ -293,6 +293,10 @@ func (c *Config) validateTenants(add func(field, format string, args ...any)) {
 				add(field+"."+l.name, "must be > 0, or -1 for unlimited")
 			}
 		}
+		if b := t.MaxStoredBytes; b != -1 && b < 2*c.Server.MaxBodyBytes {
+			add(field+".max_stored_bytes", "must be at least 2 × server.max_body_bytes (%d), or -1 for unlimited; got %d",
+				2*c.Server.MaxBodyBytes, b)
+		}
 	}
 }
 

@@ -319,7 +319,7 @@ func (d *Dispatcher) attempt(ctx context.Context, rec *job.Record, log *slog.Log
 	}
 	st.RetryAt = time.Time{}
 	rec.State = st
-	_, err = d.jobs.Apply(ctx, rec.Job.ID, job.Change{Status: job.StatusRunning, State: &st,
+	_, err = d.jobs.Apply(ctx, rec.Job.ID, job.Change{Status: job.StatusRunning, State: &st, Tenant: rec.Job.Tenant,
 		Event: &job.Event{Type: job.EventStarted, Provider: rec.Job.Route.Provider, Tier: rec.Job.Route.Tier, Attempt: st.Attempts}})
 	if errors.Is(err, job.ErrTerminal) || errors.Is(err, job.ErrNotFound) {
 		return out, true, nil // cancelled while it waited for a slot
@@ -373,7 +373,7 @@ func (d *Dispatcher) hold(ctx context.Context, rec *job.Record, after time.Durat
 	st := rec.State
 	st.RetryAt = time.Now().Add(after)
 	secs := int((after + time.Second - 1) / time.Second)
-	_, err := d.jobs.Apply(ctx, rec.Job.ID, job.Change{Status: job.StatusWaiting, State: &st,
+	_, err := d.jobs.Apply(ctx, rec.Job.ID, job.Change{Status: job.StatusWaiting, State: &st, Tenant: rec.Job.Tenant,
 		Event: &job.Event{Type: job.EventWaiting, RetryAfterSeconds: secs}})
 	if errors.Is(err, job.ErrTerminal) || errors.Is(err, job.ErrNotFound) {
 		return false, nil
@@ -403,7 +403,7 @@ func (d *Dispatcher) wait(ctx context.Context, rec *job.Record, after time.Durat
 	st := rec.State
 	st.RetryAt = retryAt
 	secs := int((after + time.Second - 1) / time.Second)
-	_, err := d.jobs.Apply(ctx, rec.Job.ID, job.Change{Status: job.StatusWaiting, State: &st,
+	_, err := d.jobs.Apply(ctx, rec.Job.ID, job.Change{Status: job.StatusWaiting, State: &st, Tenant: rec.Job.Tenant,
 		Event: &job.Event{Type: job.EventWaiting, RetryAfterSeconds: secs}})
 	if errors.Is(err, job.ErrTerminal) || errors.Is(err, job.ErrNotFound) {
 		return nil
@@ -428,7 +428,7 @@ func (d *Dispatcher) retryTransient(ctx context.Context, rec *job.Record, t *asy
 	// The caller is told the class of failure, never the error itself: it
 	// may quote a provider's answer or an address (the call's own failures
 	// are logged in failed).
-	_, _ = d.jobs.Apply(ctx, rec.Job.ID, job.Change{Status: job.StatusWaiting, State: &st,
+	_, _ = d.jobs.Apply(ctx, rec.Job.ID, job.Change{Status: job.StatusWaiting, State: &st, Tenant: rec.Job.Tenant,
 		Event: &job.Event{Type: job.EventRetrying, Error: consequenceOf(cause).event, RetryAfterSeconds: int(delay.Seconds()) + 1}})
 	return &transientError{Delay: delay, Err: cause}
 }

@@ -431,7 +431,7 @@ func (d *Dispatcher) failed(ctx context.Context, rec *job.Record, r llm.Route, l
 // event records ev of a request being served: its status is running.
 func (d *Dispatcher) event(ctx context.Context, rec *job.Record, ev job.Event) {
 	ev.Status = job.StatusRunning
-	if _, err := d.jobs.Apply(ctx, rec.Job.ID, job.Change{Event: &ev}); err != nil && !errors.Is(err, job.ErrTerminal) {
+	if _, err := d.jobs.Apply(ctx, rec.Job.ID, job.Change{Event: &ev, Tenant: rec.Job.Tenant}); err != nil && !errors.Is(err, job.ErrTerminal) {
 		d.logger.Warn("dispatch: event", "request_id", rec.Job.ID, "err", err)
 	}
 }

@@ -33,6 +33,7 @@ type deltaWriter struct {
 	ctx   context.Context
 	jobs  Jobs
 	id    string
+	owner string    // its tenant, charged for the events
 	state job.State // the record's state, marked Streamed with the first write
 	log   *slog.Logger
 
@@ -49,7 +50,7 @@ type deltaWriter struct {
 
 // streamTo starts a writer of rec's deltas.
 func (d *Dispatcher) streamTo(ctx context.Context, rec *job.Record, log *slog.Logger) *deltaWriter {
-	w := &deltaWriter{ctx: context.WithoutCancel(ctx), jobs: d.jobs, id: rec.Job.ID, state: rec.State, log: log,
+	w := &deltaWriter{ctx: context.WithoutCancel(ctx), jobs: d.jobs, id: rec.Job.ID, owner: rec.Job.Tenant, state: rec.State, log: log,
 		wake: make(chan struct{}, 1), done: make(chan struct{})}
 	go w.run()
 	return w
@@ -112,7 +113,7 @@ func (w *deltaWriter) run() {
 // write appends one delta event; false when the request has ended (the
 // caller cancelled it) or the record is gone: nothing more is written.
 func (w *deltaWriter) write(batch []llm.Delta) bool {
-	c := job.Change{Event: &job.Event{Type: job.EventDelta, Status: job.StatusRunning, Delta: batch}}
+	c := job.Change{Event: &job.Event{Type: job.EventDelta, Status: job.StatusRunning, Delta: batch}, Tenant: w.owner}
 	if !w.marked {
 		st := w.state
 		st.Streamed = true

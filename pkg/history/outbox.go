@@ -5,12 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 
+	"bulwark/pkg/compactjson"
 	"bulwark/pkg/job"
 )
 
@@ -27,6 +29,7 @@ type outbox struct {
 	rdb      redis.UniversalClient
 	key      string
 	inflight string
+	bytes    string // hash: tenant → bytes of its entries, waiting or held
 	max      int
 }
 
@@ -45,6 +48,15 @@ func inflightKey(key string) string {
 	return "{" + key + "}:replaying"
 }
 
+// bytesKey is the hash of what each tenant's entries take, in the hash
+// slot of key (as inflightKey).
+func bytesKey(key string) string {
+	if strings.Contains(key, "{") {
+		return key + ":bytes"
+	}
+	return "{" + key + "}:bytes"
+}
+
 // kept is one outcome waiting in the outbox.
 type kept struct {
 	Record  *job.Record `json:"record"`
@@ -57,18 +69,19 @@ func (s *Store) Outbox(rdb redis.UniversalClient, key string, max int) {
 	if max <= 0 {
 		max = OutboxMaxDefault
 	}
-	s.outbox = &outbox{rdb: rdb, key: key, inflight: inflightKey(key), max: max}
+	s.outbox = &outbox{rdb: rdb, key: key, inflight: inflightKey(key), bytes: bytesKey(key), max: max}
 }
 
-// pushScript: KEYS[1] outbox; ARGV[1] max, ARGV[2..] entries, oldest
-// first. Reply: how many entries, from the first, were kept before the
-// outbox was full.
+// pushScript: KEYS[1] outbox, KEYS[2] bytes; ARGV[1] max, ARGV[2..] pairs
+// of tenant and entry, oldest first. Reply: how many entries, from the
+// first, were kept before the outbox was full.
 var pushScript = redis.NewScript(`
 local room = tonumber(ARGV[1]) - redis.call("LLEN", KEYS[1])
 local n = 0
-for i = 2, #ARGV do
+for i = 2, #ARGV, 2 do
   if n >= room then break end
-  redis.call("LPUSH", KEYS[1], ARGV[i])
+  redis.call("LPUSH", KEYS[1], ARGV[i + 1])
+  redis.call("HINCRBY", KEYS[2], ARGV[i], #ARGV[i + 1])
   n = n + 1
 end
 return n`)
@@ -79,24 +92,36 @@ func (s *Store) keep(ctx context.Context, rec *job.Record, costUSD float64) {
 	s.keepAll(ctx, []kept{{Record: rec, CostUSD: costUSD}})
 }
 
-// keepAll puts outcomes, oldest first, in the outbox in one round trip.
+// slim is what of rec its row needs (outcome): the request itself (the
+// prompt, tools, metadata), which the requests table does not hold, would
+// make an outcome kept through an outage as large as the record.
+func slim(rec *job.Record) *job.Record {
+	j := rec.Job
+	out := &job.Record{Status: rec.Status, Reason: rec.Reason, State: rec.State,
+		Job: job.Job{ID: j.ID, Tenant: j.Tenant, Priority: j.Priority, Route: j.Route, CaseID: j.CaseID,
+			Layer: j.Layer, CreatedAt: j.CreatedAt}}
+	return out
+}
+
+// keepAll puts outcomes, oldest first, in the outbox in one round trip,
+// each counted against its tenant (HeldBy).
 func (s *Store) keepAll(ctx context.Context, ks []kept) {
 	if s.outbox == nil || len(ks) == 0 {
 		return
 	}
 	args := []any{s.outbox.max}
 	for _, k := range ks {
-		b, err := json.Marshal(k)
+		b, err := compactjson.Marshal(kept{Record: slim(k.Record), CostUSD: k.CostUSD})
 		if err != nil {
 			s.lost(k.Record.Job.ID, err)
 			continue
 		}
-		args = append(args, b)
+		args = append(args, k.Record.Job.Tenant, b)
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), keepTimeout)
 	defer cancel()
-	n, err := pushScript.Run(ctx, s.outbox.rdb, []string{s.outbox.key}, args...).Int64()
-	if err == nil && int(n) == len(args)-1 {
+	n, err := pushScript.Run(ctx, s.outbox.rdb, []string{s.outbox.key, s.outbox.bytes}, args...).Int64()
+	if err == nil && int(n) == (len(args)-1)/2 {
 		return
 	}
 	if err == nil {
@@ -108,6 +133,26 @@ func (s *Store) keepAll(ctx context.Context, ks []kept) {
 	for _, k := range ks[n:] {
 		s.lost(k.Record.Job.ID, err)
 	}
+}
+
+// HeldBy returns the bytes each tenant's outcomes take in the outbox,
+// waiting or held by a replay: they count against its Redis budget
+// (pkg/job budget.go). Empty without an outbox.
+func (s *Store) HeldBy(ctx context.Context) (map[string]int64, error) {
+	out := map[string]int64{}
+	if s.outbox == nil {
+		return out, nil
+	}
+	all, err := s.outbox.rdb.HGetAll(ctx, s.outbox.bytes).Result()
+	if err != nil {
+		return nil, fmt.Errorf("history: outbox: %w", err)
+	}
+	for t, v := range all {
+		if n, err := strconv.ParseInt(v, 10, 64); err == nil && n > 0 {
+			out[t] = n
+		}
+	}
+	return out, nil
 }
 
 // keepTimeout bounds one push to the outbox.
@@ -166,15 +211,20 @@ for i = 1, tonumber(ARGV[1]) do
 end
 return out`)
 
-// releaseScript: KEYS[1] outbox, KEYS[2] inflight; ARGV[1] n, ARGV[2..]
-// the entries a replay took, oldest first. The first n are done with and
-// leave inflight; the others go back to the outbox's oldest end, in their
-// order. Reply: nil.
+// releaseScript: KEYS[1] outbox, KEYS[2] inflight, KEYS[3] bytes; ARGV[1]
+// n, ARGV[2] m, ARGV[3..m+2] the m entries a replay took, oldest first,
+// then the tenants of the first n ("" unknown). The first n are done with:
+// they leave inflight and their tenants' counts; the others go back to the
+// outbox's oldest end, in their order. Reply: nil.
 var releaseScript = redis.NewScript(`
-local n = tonumber(ARGV[1])
-for i = #ARGV, 2, -1 do
+local n, m = tonumber(ARGV[1]), tonumber(ARGV[2])
+for i = m + 2, 3, -1 do
   redis.call("ZREM", KEYS[2], ARGV[i])
-  if i - 1 > n then redis.call("RPUSH", KEYS[1], ARGV[i]) end
+  if i - 2 > n then redis.call("RPUSH", KEYS[1], ARGV[i]) end
+end
+for i = 1, n do
+  local t = ARGV[m + 2 + i]
+  if t ~= "" and redis.call("HINCRBY", KEYS[3], t, -#ARGV[i + 2]) <= 0 then redis.call("HDEL", KEYS[3], t) end
 end
 return false`)
 
@@ -199,55 +249,62 @@ func (s *Store) Replay(ctx context.Context) (int, error) {
 		if err != nil {
 			return done, fmt.Errorf("history: outbox: %w", err)
 		}
-		handled, written, werr := s.replay(ctx, entries)
+		owners, written, werr := s.replay(ctx, entries)
 		done += written
-		s.release(ctx, entries, handled)
+		s.release(ctx, entries, owners)
 		if werr != nil {
 			return done, werr
 		}
 	}
 }
 
-// replay writes entries, oldest first, until the first failure: handled
-// entries are done with (written or dropped), written ones are in
-// PostgreSQL. An entry that cannot be decoded, or that PostgreSQL refuses,
-// is dropped, logged and counted (OnDrop).
-func (s *Store) replay(ctx context.Context, entries []string) (handled, written int, err error) {
-	for i, e := range entries {
+// replay writes entries, oldest first, until the first failure: the
+// handled entries (written or dropped; owners names their tenants, ""
+// for one unreadable) are done with, written ones are in PostgreSQL. An
+// entry that cannot be decoded, or that PostgreSQL refuses, is dropped,
+// logged and counted (OnDrop).
+func (s *Store) replay(ctx context.Context, entries []string) (owners []string, written int, err error) {
+	for _, e := range entries {
 		var k kept
 		if err := json.Unmarshal([]byte(e), &k); err != nil || k.Record == nil {
 			s.logger.Error("history: dropping an unreadable outbox entry", "err", err)
 			if s.OnDrop != nil {
 				s.OnDrop()
 			}
+			owners = append(owners, "")
 			continue
 		}
 		if err := s.finished(ctx, k.Record, k.CostUSD); err != nil {
 			if refused(err) {
 				s.lost(k.Record.Job.ID, err) // retrying cannot help; it would block the rest
+				owners = append(owners, k.Record.Job.Tenant)
 				continue
 			}
-			return i, written, fmt.Errorf("history: replay %s: %w", k.Record.Job.ID, err)
+			return owners, written, fmt.Errorf("history: replay %s: %w", k.Record.Job.ID, err)
 		}
+		owners = append(owners, k.Record.Job.Tenant)
 		written++
 	}
-	return len(entries), written, nil
+	return owners, written, nil
 }
 
-// release ends a replay's hold on entries: the first handled are done
-// with, the rest (unwritten, oldest first) return to the outbox's oldest
-// end. If Redis fails here the entries stay leased and come back to the
-// outbox when the lease runs out: written ones are written again
-// (an upsert, harmless), none is lost.
-func (s *Store) release(ctx context.Context, entries []string, handled int) {
-	args := make([]any, 0, len(entries)+1)
-	args = append(args, handled)
+// release ends a replay's hold on entries: the first len(owners) are done
+// with (and no longer count against their tenants), the rest (unwritten,
+// oldest first) return to the outbox's oldest end. If Redis fails here
+// the entries stay leased and come back to the outbox when the lease runs
+// out: written ones are written again (an upsert, harmless), none is lost.
+func (s *Store) release(ctx context.Context, entries []string, owners []string) {
+	args := make([]any, 0, len(entries)+len(owners)+2)
+	args = append(args, len(owners), len(entries))
 	for _, e := range entries {
 		args = append(args, e)
 	}
+	for _, o := range owners {
+		args = append(args, o)
+	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), keepTimeout)
 	defer cancel()
-	err := releaseScript.Run(ctx, s.outbox.rdb, []string{s.outbox.key, s.outbox.inflight}, args...).Err()
+	err := releaseScript.Run(ctx, s.outbox.rdb, []string{s.outbox.key, s.outbox.inflight, s.outbox.bytes}, args...).Err()
 	if err != nil && !errors.Is(err, redis.Nil) {
 		s.logger.Warn("history: could not release replayed outbox entries; they return when their lease runs out",
 			"count", len(entries), "lease", replayLease, "err", err)

@@ -312,3 +312,42 @@ func TestSubmittedDoesNotWaitForAHangingDatabase(t *testing.T) {
 		t.Fatalf("Submitted took %s (failures %d); want it to give up within about 300ms", d, failures.Load())
 	}
 }
+
+// An outcome kept through an outage holds what its row needs, not the
+// request (a prompt of 100 KB stays out of the outbox), and counts against
+// its tenant until a replay writes it.
+func TestOutboxKeepsRowsCountedPerTenant(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	down := history.New(deadPool(t), slog.New(slog.DiscardHandler), time.Hour)
+	down.Outbox(rdb, "t:outbox", 100)
+	big := outcome("req-big", 1, "")
+	big.Job.Request = llm.Request{Messages: []llm.Message{{Role: llm.RoleUser,
+		Content: []llm.Block{{Type: llm.BlockText, Text: strings.Repeat("<log line>", 10_000)}}}}}
+	down.Finished(ctx, big, 0)
+	other := outcome("req-other", 1, "")
+	other.Job.Tenant = "other"
+	down.Finished(ctx, other, 0)
+
+	entries := rdb.LRange(ctx, "t:outbox", 0, -1).Val()
+	if len(entries) != 2 || len(entries[1]) > 2000 {
+		t.Fatalf("outbox holds %d entries, the first of %d bytes; want 2 rows of well under 2 KB", len(entries), len(entries[1]))
+	}
+	held, err := down.HeldBy(ctx)
+	if err != nil || held["demo"] != int64(len(entries[1])) || held["other"] != int64(len(entries[0])) {
+		t.Fatalf("held %v (%v); entries of %d and %d bytes", held, err, len(entries[1]), len(entries[0]))
+	}
+
+	up := history.New(testPool(t), slog.New(slog.DiscardHandler), time.Hour)
+	up.Outbox(rdb, "t:outbox", 100)
+	if n, err := up.Replay(ctx); n != 2 || err != nil {
+		t.Fatalf("replay = %d, %v", n, err)
+	}
+	if held, err := up.HeldBy(ctx); err != nil || len(held) != 0 {
+		t.Fatalf("after the replay the tenants still hold %v (%v)", held, err)
+	}
+	if row, err := up.Get(ctx, "req-big"); err != nil || row.Status != job.StatusCompleted || row.Response == nil {
+		t.Fatalf("row %+v, %v", row, err)
+	}
+}

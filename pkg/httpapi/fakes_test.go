@@ -231,7 +231,7 @@ func (m *memJobs) complete(t *testing.T, id, text string) {
 		Content: []llm.Block{{Type: llm.BlockText, Text: text}}, Usage: llm.Usage{InputTokens: 3, OutputTokens: 2}},
 		ServedRoute: &sonnet, Attempts: 1}
 	ev := job.Event{Type: job.EventCompleted, Result: job.ResultOf(st)}
-	if _, err := m.Apply(context.Background(), id, job.Change{Status: job.StatusCompleted, State: &st, Event: &ev}); err != nil {
+	if _, err := m.Apply(context.Background(), id, job.Change{Tenant: "t", Status: job.StatusCompleted, State: &st, Event: &ev}); err != nil {
 		t.Fatalf("complete %s: %v", id, err)
 	}
 }
@@ -259,7 +259,7 @@ func (f memFinisher) Finish(ctx context.Context, rec *job.Record, e finish.Endin
 		ev.Type = job.EventFailed
 	}
 	reason := finish.TenantReason(rec.Job, e.Code, e.Reason)
-	_, err := f.jobs.Apply(ctx, rec.Job.ID, job.Change{Status: e.Status, State: &st, Code: e.Code,
+	_, err := f.jobs.Apply(ctx, rec.Job.ID, job.Change{Tenant: "t", Status: e.Status, State: &st, Code: e.Code,
 		Reason: reason, Event: &ev})
 	if errors.Is(err, job.ErrTerminal) || errors.Is(err, job.ErrNotFound) {
 		return fmt.Errorf("finish %s: %w", rec.Job.ID, finish.ErrEnded)

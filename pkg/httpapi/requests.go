@@ -11,6 +11,7 @@ import (
 	"reflect"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/gin-gonic/gin"
 
@@ -85,17 +86,15 @@ func (m wireMessage) toLLM(i int) (llm.Message, error) {
 
 // decodeJSON reads a JSON body strictly and answers 400/413 itself.
 func decodeJSON(c *gin.Context, v any) bool {
-	dec := json.NewDecoder(c.Request.Body)
-	dec.DisallowUnknownFields()
-	err := dec.Decode(v)
+	body, err := io.ReadAll(c.Request.Body) // bounded by limitBody
 	if err == nil {
-		// Read the rest too: the whole body counts against the limit, and
-		// only white space may follow the object.
-		rest, rerr := io.ReadAll(io.MultiReader(dec.Buffered(), c.Request.Body))
-		switch {
-		case rerr != nil:
-			err = rerr
-		case len(bytes.TrimSpace(rest)) > 0:
+		err = checkUTF8(body)
+	}
+	if err == nil {
+		dec := json.NewDecoder(bytes.NewReader(body))
+		dec.DisallowUnknownFields()
+		err = dec.Decode(v)
+		if err == nil && len(bytes.TrimSpace(body[dec.InputOffset():])) > 0 {
 			err = errors.New("unexpected data after the JSON object")
 		}
 	}
@@ -106,6 +105,8 @@ func decodeJSON(c *gin.Context, v any) bool {
 		apiError(c, http.StatusRequestEntityTooLarge, "body_too_large", "", "request body exceeds the limit")
 	case errors.Is(err, io.EOF):
 		apiError(c, http.StatusBadRequest, "invalid_json", "", "request body is empty")
+	case errors.Is(err, errNotUTF8):
+		apiError(c, http.StatusBadRequest, "invalid_json", "", err.Error())
 	default:
 		var te *json.UnmarshalTypeError
 		if errors.As(err, &te) {
@@ -117,6 +118,27 @@ func decodeJSON(c *gin.Context, v any) bool {
 		apiError(c, http.StatusBadRequest, "invalid_json", "", "malformed JSON: "+err.Error())
 	}
 	return false
+}
+
+// errNotUTF8 refuses a body that is not UTF-8, as JSON must be (RFC
+// 8259): decoding would turn each stray byte into U+FFFD, three bytes,
+// and store the request three times its size.
+var errNotUTF8 = errors.New("request body is not valid UTF-8")
+
+// checkUTF8 returns errNotUTF8, with where, for a body that is not UTF-8.
+func checkUTF8(body []byte) error {
+	if utf8.Valid(body) {
+		return nil
+	}
+	n := 0
+	for n < len(body) {
+		r, size := utf8.DecodeRune(body[n:])
+		if r == utf8.RuneError && size <= 1 {
+			break
+		}
+		n += size
+	}
+	return fmt.Errorf("%w (at byte %d)", errNotUTF8, n)
 }
 
 // jsonKind names what JSON a Go type decodes from, for error messages
@@ -215,6 +237,13 @@ func rejectionOf(err error) rejection {
 	if tf, ok := errors.AsType[*intake.TenantFullError](err); ok {
 		return rejection{status: http.StatusTooManyRequests, code: "tenant_queue_full", msg: tf.Error(), retryAfter: tf.RetryAfter}
 	}
+	if be, ok := errors.AsType[*job.BudgetError](err); ok {
+		after := max(time.Second, time.Until(be.FreedAt))
+		return rejection{status: http.StatusTooManyRequests, code: "tenant_storage_full", retryAfter: after,
+			msg: fmt.Sprintf("this tenant's stored requests and results hold %s of its %s Redis budget and this request needs %s more; "+
+				"results are kept result_ttl after they end; retry after %d seconds",
+				mib(be.Used), mib(be.Budget), mib(be.Need), ceilSeconds(after))}
+	}
 	if full, ok := errors.AsType[*queue.FullError](err); ok {
 		return rejection{status: http.StatusTooManyRequests, code: "queue_full", retryAfter: full.RetryAfter,
 			msg: fmt.Sprintf("the queue is full (%d requests waiting); retry after %d seconds", full.Depth, ceilSeconds(full.RetryAfter))}
@@ -251,6 +280,9 @@ func (s *Server) submitError(c *gin.Context, err error) {
 	}
 	apiError(c, r.status, r.code, r.field, r.msg)
 }
+
+// mib writes n bytes in MiB, for messages.
+func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
 
 func ceilSeconds(d time.Duration) int { return int((d + time.Second - 1) / time.Second) }
 

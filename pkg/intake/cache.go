@@ -143,7 +143,7 @@ func (in *Intake) coalesce(ctx context.Context, j *job.Job, s Submission) (*Acce
 		return nil, false, nil // the leader failed or was cancelled: run our own
 	}
 	st := job.State{CoalescedInto: leader, Cached: job.CachedCoalesced}
-	if _, err := in.jobs.Apply(ctx, j.ID, job.Change{State: &st}); err != nil {
+	if _, err := in.jobs.Apply(ctx, j.ID, job.Change{State: &st, Tenant: j.Tenant}); err != nil {
 		return nil, false, err
 	}
 	in.metrics.Coalesced.Inc()

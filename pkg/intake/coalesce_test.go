@@ -197,7 +197,7 @@ func TestCoalesceLeaderEnded(t *testing.T) {
 	t.Parallel()
 	r := newRig(nil)
 	lead := r.submit(t, demo, ask("same"))
-	if _, err := r.jobs.Apply(context.Background(), lead.ID, job.Change{Status: job.StatusCompleted,
+	if _, err := r.jobs.Apply(context.Background(), lead.ID, job.Change{Tenant: "t", Status: job.StatusCompleted,
 		State: &job.State{Result: answer("shared"), ServedRoute: &sonnet, KeyID: "key-1"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -217,7 +217,7 @@ func TestCoalesceLeaderEnded(t *testing.T) {
 
 	r = newRig(nil)
 	lead = r.submit(t, demo, ask("same"))
-	if _, err := r.jobs.Apply(context.Background(), lead.ID, job.Change{Status: job.StatusFailed, Code: job.CodeDeadline}); err != nil {
+	if _, err := r.jobs.Apply(context.Background(), lead.ID, job.Change{Tenant: "t", Status: job.StatusFailed, Code: job.CodeDeadline}); err != nil {
 		t.Fatal(err)
 	}
 	follow = r.submit(t, demo, ask("same"))

@@ -339,6 +339,10 @@ func (in *Intake) Submit(ctx context.Context, t Tenant, s Submission) (*Accepted
 		in.metrics.AdmissionRejected.WithLabelValues(j.Priority.String(), metrics.ReasonTenantFull).Inc()
 		return nil, in.tenantFull(ctx, t)
 	}
+	if errors.Is(err, job.ErrOverBudget) {
+		in.metrics.AdmissionRejected.WithLabelValues(j.Priority.String(), metrics.ReasonOverBudget).Inc()
+		return nil, err
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -139,12 +139,21 @@ func (in *Intake) build(t Tenant, s Submission) (*job.Job, error) {
 	if err := checkToolUse(req); err != nil {
 		return nil, err
 	}
+	// Everything else the request carries to the provider, and into its
+	// stored record, counts too: tool definitions can be as large as a
+	// prompt.
+	for _, tool := range req.Tools {
+		chars += len(tool.Name) + len(tool.Description) + len(tool.InputSchema)
+	}
+	for _, stop := range req.StopSequences {
+		chars += len(stop)
+	}
 	if req.Messages[len(req.Messages)-1].Role != llm.RoleUser {
 		return nil, invalid("messages", "the last message must come from the user")
 	}
 	if chars > in.cfg.MaxPromptChars {
 		return nil, &InputError{Status: http.StatusRequestEntityTooLarge, Code: "prompt_too_long", Field: "messages",
-			Message: fmt.Sprintf("prompt is %d characters, the limit is %d", chars, in.cfg.MaxPromptChars)}
+			Message: fmt.Sprintf("prompt is %d characters (system, messages, tools and stop sequences), the limit is %d", chars, in.cfg.MaxPromptChars)}
 	}
 	if req.MaxTokens == 0 {
 		req.MaxTokens = in.cfg.DefaultMaxTokens

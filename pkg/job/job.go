@@ -14,6 +14,7 @@
 //	p events       pub/sub channel: "{id} {streamID} {event JSON}" for every event
 //	p idem:{tenant}:{key}  idempotency key → job id
 //	p join:{join key}      a compat call's Job.JoinKey → its job id, until its answer is delivered
+//	p bytes-of:{tenant}, p expiry-of:{tenant}  what the tenant's requests hold, against its budget (budget.go)
 //
 // Every status change is one Lua script that checks the current status,
 // writes the new one, appends the event and publishes it, so a cancelled or
@@ -22,9 +23,9 @@
 package job
 
 import (
-	"encoding/json"
 	"time"
 
+	"bulwark/pkg/compactjson"
 	"bulwark/pkg/llm"
 	"bulwark/pkg/priority"
 )
@@ -295,8 +296,10 @@ func ResultOf(st State) *Result {
 	return r
 }
 
+// mustJSON is v as the store keeps it: compact, so that a stored request
+// costs what its content does (pkg/compactjson).
 func mustJSON(v any) string {
-	b, err := json.Marshal(v)
+	b, err := compactjson.Marshal(v)
 	if err != nil {
 		panic(err) // only our own plain structs are marshalled here
 	}

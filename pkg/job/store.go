@@ -35,6 +35,19 @@ type Store struct {
 	rdb    Redis
 	prefix string
 	ttl    time.Duration // kept after a request ends
+	budget BudgetFunc    // nil: no tenant has a budget
+}
+
+// BudgetFunc returns a tenant's Redis budget in bytes (<= 0: none) and
+// what the tenant holds in Redis outside the store (the history outbox),
+// which counts against the budget too.
+type BudgetFunc func(ctx context.Context, tenant string) (budget, held int64)
+
+// WithBudgets makes each create check its tenant's budget (budget.go).
+// Call it before the store is used.
+func (s *Store) WithBudgets(f BudgetFunc) *Store {
+	s.budget = f
+	return s
 }
 
 // MaxEvents bounds one request's stream. A request has a handful of
@@ -107,11 +120,16 @@ func (s *Store) Channel() string { return s.prefix + "events" }
 // ARGV[11] terminal status for a request that ends as it is stored ("" none:
 // it is queued), ARGV[12] its state JSON, ARGV[13] its event JSON, ARGV[14]
 // ttl of the ended record (s), ARGV[15] reason, ARGV[16] code, ARGV[17] detail,
-// ARGV[18] ttl of the ended request's event stream (s)
+// ARGV[18] ttl of the ended request's event stream (s), ARGV[19] the
+// tenant's Redis budget (bytes; 0 none), ARGV[20] what the tenant holds
+// outside the store (bytes: the history outbox), ARGV[21] RecordOverhead,
+// ARGV[22] StreamOverhead, ARGV[23] EventOverhead; KEYS[7] and KEYS[8] the tenant's budget keys
+// (budget.go)
 // Reply: {1, streamID of the last event} created; {0, existingID}
 // idempotency key or join key already used; {2, count} the tenant is at
-// its limit.
-var createScript = redis.NewScript(`
+// its limit; {3, "used,need,freed at (Unix ms)"} the tenant's budget is
+// spent.
+var createScript = redis.NewScript(budgetLua + `
 if KEYS[3] ~= KEYS[1] then
   local prev = redis.call("GET", KEYS[3])
   if prev then return {0, prev} end
@@ -129,6 +147,27 @@ if limit > 0 then
     if redis.call("ZSCORE", KEYS[4], id) then n = n + 1 else redis.call("ZREM", KEYS[5], id) end
   end
   if n >= limit then return {2, tostring(n)} end
+end
+local now = nowms()
+local ended = ARGV[11] ~= ""
+local recBytes = cost(#ARGV[1] + #ARGV[10]) + tonumber(ARGV[21])
+local evBytes = cost(#ARGV[3]) + tonumber(ARGV[22]) + tonumber(ARGV[23])
+if ended then
+  recBytes = cost(#ARGV[1] + #ARGV[12] + #ARGV[15] + #ARGV[16] + #ARGV[17]) + tonumber(ARGV[21])
+  evBytes = evBytes + cost(#ARGV[13]) + tonumber(ARGV[23])
+end
+local budget = tonumber(ARGV[19])
+-- Release what has expired; past the budget, keep releasing (a tenant
+-- back after a quiet hour has a backlog) before refusing.
+local used = 0
+for _ = 1, 20 do
+  local freed = release(KEYS[7], KEYS[8], now, 256)
+  used = tonumber(redis.call("HGET", KEYS[7], "=") or "0") + tonumber(ARGV[20])
+  if freed < 256 or budget <= 0 or used + recBytes + evBytes <= budget then break end
+end
+if budget > 0 and used + recBytes + evBytes > budget then
+  local first = redis.call("ZRANGE", KEYS[8], 0, 0, "WITHSCORES")
+  return {3, used .. "," .. (recBytes + evBytes) .. "," .. (first[2] or "0")}
 end
 if KEYS[3] ~= KEYS[1] then
   -- Named as long as the record: a request ended as it is stored keeps
@@ -170,6 +209,9 @@ else
   ttl = ARGV[18]
 end
 redis.call("EXPIRE", KEYS[2], ttl)
+local recTTL = tonumber(redis.call("TTL", KEYS[1]))
+charge(KEYS[7], KEYS[8], ARGV[5], recBytes, now + recTTL * 1000, recTTL)
+charge(KEYS[7], KEYS[8], ARGV[5] .. ":ev", evBytes, now + tonumber(ttl) * 1000, recTTL)
 return {1, sid}
 `)
 
@@ -231,12 +273,18 @@ func (s *Store) create(ctx context.Context, j *Job, ev Event, idemKey string, ma
 	} else {
 		args = append(args, "", "", "", 0, "", "", "", 0)
 	}
+	var budget, held int64
+	if s.budget != nil {
+		budget, held = s.budget(ctx, j.Tenant)
+	}
+	args = append(args, max(0, budget), held, RecordOverhead, StreamOverhead, EventOverhead)
 	jk := s.jobKey(j.ID) // none, as ik
 	if j.JoinKey != "" && end == nil {
 		jk = s.joinKey(j.JoinKey)
 	}
 	res, err := createScript.Run(ctx, s.rdb,
-		[]string{s.jobKey(j.ID), s.streamKey(j.ID), ik, s.liveKey(), s.tenantLiveKey(j.Tenant), jk}, args...).Slice()
+		[]string{s.jobKey(j.ID), s.streamKey(j.ID), ik, s.liveKey(), s.tenantLiveKey(j.Tenant), jk,
+			s.bytesKey(j.Tenant), s.expiryKey(j.Tenant)}, args...).Slice()
 	if err != nil {
 		return "", false, fmt.Errorf("job: create %s: %w", j.ID, err)
 	}
@@ -249,6 +297,8 @@ func (s *Store) create(ctx context.Context, j *Job, ev Event, idemKey string, ma
 		return other, false, nil
 	case 2:
 		return "", false, fmt.Errorf("%w (%s of %d)", ErrTenantFull, other, maxLive)
+	case 3:
+		return "", false, overBudget(other, budget)
 	}
 	return j.ID, true, nil
 }
@@ -263,34 +313,57 @@ func (s *Store) create(ctx context.Context, j *Job, ev Event, idemKey string, ma
 // ARGV[6] ttl seconds to set when the new status is terminal (0 none),
 // ARGV[7] reason ("" none), ARGV[8] max events, ARGV[9] code ("" none),
 // ARGV[10] detail ("" none), ARGV[11] ttl seconds of the event stream once
-// terminal
+// terminal, ARGV[12] EventOverhead; KEYS[6] and KEYS[7] the tenant's budget
+// keys (KEYS[1] again for none: nothing is charged)
 // Reply: {1, streamID or ""} done; {0, current status} refused (ended or missing).
-var transitionScript = redis.NewScript(`
+var transitionScript = redis.NewScript(budgetLua + `
 local cur = redis.call("HGET", KEYS[1], "status")
 if not cur then
   redis.call("ZREM", KEYS[3], ARGV[5])
   return {0, ""}
 end
 if cur == "completed" or cur == "failed" or cur == "cancelled" then return {0, cur} end
-if ARGV[1] ~= "" then redis.call("HSET", KEYS[1], "status", ARGV[1]) end
-if ARGV[2] ~= "" then redis.call("HSET", KEYS[1], "state", ARGV[2]) end
-if ARGV[7] ~= "" then redis.call("HSET", KEYS[1], "reason", ARGV[7]) end
-if ARGV[9] ~= "" then redis.call("HSET", KEYS[1], "code", ARGV[9]) end
-if ARGV[10] ~= "" then redis.call("HSET", KEYS[1], "detail", ARGV[10]) end
+-- grow is what the record's fields grow by: a field replaced costs the
+-- difference.
+local grow = 0
+local function set(field, v)
+  if v == "" then return end
+  grow = grow + #v - redis.call("HSTRLEN", KEYS[1], field)
+  redis.call("HSET", KEYS[1], field, v)
+end
+set("status", ARGV[1])
+set("state", ARGV[2])
+set("reason", ARGV[7])
+set("code", ARGV[9])
+set("detail", ARGV[10])
 local sid = ""
 if ARGV[3] ~= "" then
   sid = redis.call("XADD", KEYS[2], "MAXLEN", "~", ARGV[8], "*", "e", ARGV[3])
   redis.call("PUBLISH", ARGV[4], ARGV[5] .. " " .. sid .. " " .. ARGV[3])
 end
-if tonumber(ARGV[6]) > 0 then
+local terminal = tonumber(ARGV[6]) > 0
+if terminal then
   -- Ended: the prompt's embedding served the call's cache write, which has
   -- it already; the record is kept without it.
+  grow = grow - redis.call("HSTRLEN", KEYS[1], "emb")
   redis.call("HDEL", KEYS[1], "emb")
   redis.call("EXPIRE", KEYS[1], ARGV[6])
   redis.call("EXPIRE", KEYS[2], ARGV[11])
   redis.call("ZREM", KEYS[3], ARGV[5])
   if KEYS[4] ~= KEYS[1] and redis.call("GET", KEYS[4]) == ARGV[5] then redis.call("EXPIRE", KEYS[4], ARGV[6]) end
   if KEYS[5] ~= KEYS[1] and redis.call("GET", KEYS[5]) == ARGV[5] then redis.call("EXPIRE", KEYS[5], ARGV[6]) end
+end
+-- Charged only while the charge is held: one released (or never made)
+-- would never be released again.
+if KEYS[6] ~= KEYS[1] and redis.call("ZSCORE", KEYS[7], ARGV[5]) then
+  local evRef = ARGV[5] .. ":ev"
+  if grow ~= 0 then charge(KEYS[6], KEYS[7], ARGV[5], grow > 0 and cost(grow) or grow) end
+  if ARGV[3] ~= "" then charge(KEYS[6], KEYS[7], evRef, cost(#ARGV[3]) + tonumber(ARGV[12])) end
+  if terminal then
+    local now = nowms()
+    expire(KEYS[7], ARGV[5], now + tonumber(ARGV[6]) * 1000)
+    expire(KEYS[7], evRef, now + tonumber(ARGV[11]) * 1000)
+  end
 end
 return {1, sid}
 `)
@@ -310,15 +383,21 @@ type Change struct {
 	// as the record (Keep), for a resend whose caller never got the
 	// answer. "" for none.
 	Join string
-	// Tenant and Idem are the request's tenant and Job.IdempotencyKey: an
-	// ending keeps the key only as long as the record, so that a retry
-	// with it never finds an id whose record is gone. "" for none.
-	Tenant, Idem string
+	// Tenant is the request's tenant, whose Redis budget the change is
+	// charged to (budget.go); required.
+	Tenant string
+	// Idem is the request's Job.IdempotencyKey: an ending keeps the key
+	// only as long as the record, so that a retry with it never finds an
+	// id whose record is gone. "" for none.
+	Idem string
 }
 
 // Apply applies c unless the request has ended. It returns the event's
 // stream id, ErrTerminal when refused, ErrNotFound when unknown.
 func (s *Store) Apply(ctx context.Context, id string, c Change) (string, error) {
+	if c.Tenant == "" {
+		return "", fmt.Errorf("job: update %s: the change names no tenant to charge", id)
+	}
 	state, event, ttl := "", s.event(id, c), 0
 	if c.State != nil {
 		state = mustJSON(c.State)
@@ -334,9 +413,13 @@ func (s *Store) Apply(ctx context.Context, id string, c Change) (string, error) 
 	if c.Idem != "" && c.Status.Terminal() {
 		ik = s.idemKey(c.Tenant, c.Idem)
 	}
-	res, err := transitionScript.Run(ctx, s.rdb, []string{s.jobKey(id), s.streamKey(id), s.liveKey(), jk, ik},
+	bk, ek := s.jobKey(id), s.jobKey(id) // none
+	if c.Tenant != "" {
+		bk, ek = s.bytesKey(c.Tenant), s.expiryKey(c.Tenant)
+	}
+	res, err := transitionScript.Run(ctx, s.rdb, []string{s.jobKey(id), s.streamKey(id), s.liveKey(), jk, ik, bk, ek},
 		string(c.Status), state, event, s.Channel(), id, ttl, c.Reason, MaxEvents, string(c.Code), c.Detail,
-		eventsTTL(keep)).Slice()
+		eventsTTL(keep), EventOverhead).Slice()
 	if err != nil {
 		return "", fmt.Errorf("job: update %s: %w", id, err)
 	}

@@ -41,14 +41,14 @@ func TestLifecycle(t *testing.T) {
 	}
 
 	st := job.State{Attempts: 1}
-	if _, err := s.Apply(ctx, "r1", job.Change{Status: job.StatusRunning, State: &st, Event: &job.Event{Type: job.EventStarted}}); err != nil {
+	if _, err := s.Apply(ctx, "r1", job.Change{Tenant: "t", Status: job.StatusRunning, State: &st, Event: &job.Event{Type: job.EventStarted}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Apply(ctx, "r1", job.Change{Status: job.StatusCancelled, Reason: "by caller", Event: &job.Event{Type: job.EventCancelled}}); err != nil {
+	if _, err := s.Apply(ctx, "r1", job.Change{Tenant: "t", Status: job.StatusCancelled, Reason: "by caller", Event: &job.Event{Type: job.EventCancelled}}); err != nil {
 		t.Fatal(err)
 	}
 	// A late completion must not overwrite the cancellation.
-	_, err = s.Apply(ctx, "r1", job.Change{Status: job.StatusCompleted, Event: &job.Event{Type: job.EventCompleted}})
+	_, err = s.Apply(ctx, "r1", job.Change{Tenant: "t", Status: job.StatusCompleted, Event: &job.Event{Type: job.EventCompleted}})
 	if !errors.Is(err, job.ErrTerminal) {
 		t.Fatalf("completion after cancel: %v", err)
 	}
@@ -76,7 +76,7 @@ func TestLifecycle(t *testing.T) {
 	if job.CompareIDs(evs[0].ID, evs[1].ID) >= 0 {
 		t.Fatal("stream ids must increase")
 	}
-	if _, err := s.Apply(ctx, "nope", job.Change{Status: job.StatusRunning}); !errors.Is(err, job.ErrNotFound) {
+	if _, err := s.Apply(ctx, "nope", job.Change{Tenant: "t", Status: job.StatusRunning}); !errors.Is(err, job.ErrNotFound) {
 		t.Fatalf("unknown id: %v", err)
 	}
 }
@@ -96,13 +96,13 @@ func TestEndedRequestKeepsLess(t *testing.T) {
 		if _, _, err := s.Create(ctx, j, job.Event{Type: job.EventQueued}, "", 0); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.Apply(ctx, "e1", job.Change{Status: job.StatusRunning, Event: &job.Event{Type: job.EventStarted}}); err != nil {
+		if _, err := s.Apply(ctx, "e1", job.Change{Tenant: "t", Status: job.StatusRunning, Event: &job.Event{Type: job.EventStarted}}); err != nil {
 			t.Fatal(err)
 		}
 		if rec, err := s.GetWithEmbedding(ctx, "e1"); err != nil || len(rec.Job.Embedding) != 2 {
 			t.Fatalf("running: embedding %v %v", rec.Job.Embedding, err)
 		}
-		if _, err := s.Apply(ctx, "e1", job.Change{Status: job.StatusCompleted, State: &job.State{},
+		if _, err := s.Apply(ctx, "e1", job.Change{Tenant: "t", Status: job.StatusCompleted, State: &job.State{},
 			Event: &job.Event{Type: job.EventCompleted}}); err != nil {
 			t.Fatal(err)
 		}
@@ -120,7 +120,7 @@ func TestEndedRequestKeepsLess(t *testing.T) {
 		if _, _, err := s.Create(ctx, newJob("e2"), job.Event{Type: job.EventQueued}, "", 0); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.Apply(ctx, "e2", job.Change{Status: job.StatusCompleted, State: &job.State{}, Keep: 90 * time.Second,
+		if _, err := s.Apply(ctx, "e2", job.Change{Tenant: "t", Status: job.StatusCompleted, State: &job.State{}, Keep: 90 * time.Second,
 			Event: &job.Event{Type: job.EventCompleted}}); err != nil {
 			t.Fatal(err)
 		}
@@ -223,7 +223,7 @@ func TestCreateEnded(t *testing.T) {
 		}
 	}
 	// A late ending is refused as for any ended request.
-	if _, err := s.Apply(ctx, "h1", job.Change{Status: job.StatusFailed}); !errors.Is(err, job.ErrTerminal) {
+	if _, err := s.Apply(ctx, "h1", job.Change{Tenant: "t", Status: job.StatusFailed}); !errors.Is(err, job.ErrTerminal) {
 		t.Fatalf("second ending: %v", err)
 	}
 	id, created, err = s.CreateEnded(ctx, newJob("h2"), job.Event{Type: job.EventQueued}, "idem-h", end)
@@ -274,7 +274,7 @@ func TestJoinKey(t *testing.T) {
 	if _, err := s.Get(ctx, "r2"); !errors.Is(err, job.ErrNotFound) {
 		t.Fatalf("r2 stored: %v", err)
 	}
-	if _, err := s.Apply(ctx, "r1", job.Change{Status: job.StatusCompleted, Join: "k1", Keep: job.EndedEventsTTL}); err != nil {
+	if _, err := s.Apply(ctx, "r1", job.Change{Tenant: "t", Status: job.StatusCompleted, Join: "k1", Keep: job.EndedEventsTTL}); err != nil {
 		t.Fatal(err)
 	}
 	if id, _ := s.Joinable(ctx, "k1"); id != "r1" {

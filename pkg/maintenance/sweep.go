@@ -236,7 +236,7 @@ func (s *Sweeper) follow(ctx context.Context, rec *job.Record) error {
 	// lost) or is gone: the follower gets a call of its own.
 	st := rec.State
 	st.CoalescedInto, st.Cached = "", ""
-	if _, err := s.d.Jobs.Apply(ctx, rec.Job.ID, job.Change{State: &st}); err != nil {
+	if _, err := s.d.Jobs.Apply(ctx, rec.Job.ID, job.Change{State: &st, Tenant: rec.Job.Tenant}); err != nil {
 		return err
 	}
 	_, _, err = s.d.Queue.Requeue(ctx, rec.Job.ID, rec.Job.Priority)

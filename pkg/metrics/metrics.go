@@ -97,6 +97,7 @@ const (
 	ReasonQueueFull   = "queue_full"
 	ReasonRateLimited = "rate_limited"
 	ReasonTenantFull  = "tenant_full"
+	ReasonOverBudget  = "over_budget" // the tenant's Redis budget is spent
 )
 
 // Values of the direction label of bulwark_tokens_total.

@@ -570,7 +570,7 @@ func TestHubSubscribesAgainAfterASentinelFailover(t *testing.T) {
 // publishOn appends an event to id through store and returns its stream id.
 func (f *fixture) publishOn(t *testing.T, store *job.Store, id string, ev job.Event) string {
 	t.Helper()
-	sid, err := store.Apply(context.Background(), id, job.Change{Event: &ev})
+	sid, err := store.Apply(context.Background(), id, job.Change{Tenant: "t", Event: &ev})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -70,7 +70,7 @@ func TestWaitEndPassesEveryEventOnceFromTheFirst(t *testing.T) {
 		f.publish(t, id, delta(i))
 		want.WriteString(strconv.Itoa(i) + ",")
 	}
-	if _, err := f.store.Apply(context.Background(), id, job.Change{Status: job.StatusCompleted,
+	if _, err := f.store.Apply(context.Background(), id, job.Change{Tenant: "t", Status: job.StatusCompleted,
 		Event: &job.Event{Type: job.EventCompleted}}); err != nil {
 		t.Fatal(err)
 	}

@@ -92,8 +92,9 @@ func masters(ctx context.Context, rdb redis.UniversalClient, fn func(ctx context
 }
 
 // Check warns about a Redis that can lose accepted requests: one that
-// evicts keys under memory pressure (queues, records, key state vanish)
-// or persists nothing (a restart empties it). Every master of a cluster
+// evicts keys under memory pressure (queues, records, key state vanish),
+// has no memory bound (it grows until the machine's memory is gone) or
+// persists nothing (a restart empties it). Every master of a cluster
 // is checked. A server that refuses CONFIG (some managed services) is not.
 func Check(ctx context.Context, rdb redis.UniversalClient, logger *slog.Logger) {
 	// fn runs on every master at once (ForEachMaster); the logger is safe
@@ -111,6 +112,10 @@ func Check(ctx context.Context, rdb redis.UniversalClient, logger *slog.Logger) 
 		if p, ok := get("maxmemory-policy"); ok && p != "noeviction" {
 			logger.Warn("redis: maxmemory-policy evicts keys; accepted requests and key state can vanish under memory pressure: set maxmemory-policy noeviction",
 				"maxmemory-policy", p, "server", addr)
+		}
+		if m, ok := get("maxmemory"); ok && m == "0" {
+			logger.Warn("redis: no maxmemory; Redis grows until the machine runs out of memory: set maxmemory above the tenants' max_stored_bytes with maxmemory-policy noeviction",
+				"server", addr)
 		}
 		aof, ok1 := get("appendonly")
 		save, ok2 := get("save")

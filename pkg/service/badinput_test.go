@@ -88,7 +88,13 @@ func TestBadInput(t *testing.T) {
 		{name: "an array for a body", path: async, auth: dev, body: `[1]`, status: 400, msg: "the body must be an object, not array"},
 		{name: "body over the limit", path: async, auth: dev, body: req(`"system":"` + big + `",`), status: 413, msg: "request body exceeds the limit of 1048576 bytes"},
 		{name: "body over the limit, chunked", path: async, auth: dev, body: req(`"system":"` + big + `",`), chunked: true, status: 413, msg: "request body exceeds the limit"},
-		{name: "prompt over max_prompt_chars", path: async, auth: dev, body: req(`"system":"` + big[:200_000] + `",`), status: 413, msg: "prompt is 200004 characters, the limit is 200000", field: "messages"},
+		{name: "prompt over max_prompt_chars", path: async, auth: dev, body: req(`"system":"` + big[:200_000] + `",`), status: 413, msg: "prompt is 200004 characters (system, messages, tools and stop sequences), the limit is 200000", field: "messages"},
+		// Issue 28: tools are as large as a prompt, and count as one.
+		{name: "tools over max_prompt_chars", path: async, auth: dev, body: req(`"tools":[{"name":"f","description":"` + big[:200_000] + `","input_schema":{}}],`), status: 413, msg: "prompt is 200007 characters", field: "messages"},
+		// Issue 28: a stray byte would be stored as U+FFFD, three bytes.
+		{name: "body not UTF-8", path: async, auth: dev, body: req(`"system":"caf` + "\xe9" + `",`), status: 400, msg: "request body is not valid UTF-8 (at byte 56)"},
+		{name: "OpenAI body not UTF-8", path: openai, auth: dev, body: oai(`"user":"` + "\xff" + `",`), status: 400, msg: "request body is not valid UTF-8"},
+		{name: "Anthropic body not UTF-8", path: anthro, auth: anth, body: ant(`"system":"` + "\xff" + `",`), status: 400, msg: "request body is not valid UTF-8"},
 		{name: "NUL in content", path: async, auth: dev, body: msgs(`[{"role":"user","content":"a\u0000b"}]`), status: 422, msg: "must not contain a NUL character", field: "messages[0].content[0]"},
 		{name: "NUL in system", path: async, auth: dev, body: req(`"system":"s\u0000",`), status: 422, msg: "must not contain a NUL character", field: "system"},
 		{name: "NUL in tool input", path: async, auth: dev, body: msgs(`[{"role":"assistant","content":[{"type":"tool_use","tool_use_id":"t","tool_name":"f","input":{"q":"\u0000"}}]},{"role":"user","content":"go on"}]`), status: 422, msg: "must not contain a NUL character", field: "messages[0].content[0]"},

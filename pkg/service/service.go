@@ -166,6 +166,7 @@ func Open(ctx context.Context, cfg *config.Config, logger *slog.Logger) (b *Base
 	b.History.OnDrop = func() { b.Metrics.HistoryDropped.Inc() }
 	b.History.Outbox(b.Redis, ks.HistoryOutbox(), history.OutboxMaxDefault)
 	b.History.Start()
+	b.Jobs.WithBudgets(budgets(cfg.StoredBytes(), b.History, logger))
 
 	if cfg.Compression.Enabled {
 		if b.Compressor, err = compress.New(cfg.CompressConfig()); err != nil {

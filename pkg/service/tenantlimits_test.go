@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"bulwark/pkg/compactjson"
 )
 
 // A noisy tenant that has its share of the queue in flight gets 429 with
@@ -110,4 +112,49 @@ func TestLabelsAreBounded(t *testing.T) {
 func withField(body map[string]any, k string, v any) map[string]any {
 	body[k] = v
 	return body
+}
+
+// A tenant whose stored requests and results fill its Redis budget gets
+// 429 tenant_storage_full with Retry-After, however its requests are
+// shaped (prompts of '<', which JSON would store six-fold), while another
+// tenant's requests are accepted and answered.
+func TestTenantStorageBudget(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{extraYML: "cache: {enabled: false}",
+		tenantYML: `{name: hoarder, token: "hoarder-token", max_priority: critical, max_stored_bytes: 2097152}`})
+	api := s.startAPI()
+	defer s.startWorker()()
+	prompt := strings.Repeat("<", 190_000)
+	accepted := 0
+	var refusal map[string]any
+	var retryAfter string
+	for i := range 30 {
+		body, err := compactjson.Marshal(ask(fmt.Sprint(i, prompt))) // as sent: '<' is one byte
+		if err != nil {
+			t.Fatal(err)
+		}
+		code, out, hdr := call(t, "POST", api.ts.URL+"/v1/requests", "hoarder-token", body)
+		if code == http.StatusTooManyRequests {
+			refusal, retryAfter = out, hdr.Get("Retry-After")
+			break
+		}
+		if code != http.StatusAccepted {
+			t.Fatalf("hoarder request %d: %d %v", i, code, out)
+		}
+		accepted++
+	}
+	errObj, _ := refusal["error"].(map[string]any)
+	if errObj["type"] != "tenant_storage_full" || retryAfter == "" || !strings.Contains(fmt.Sprint(errObj["message"]), "of its 2.0 MiB") {
+		t.Fatalf("after %d requests of 190 KB: %v (Retry-After %q), want 429 tenant_storage_full", accepted, refusal, retryAfter)
+	}
+	// 2 MiB hold about 8 such requests as the budget counts them (a
+	// quarter over their bytes); as encoding/json stored them (six bytes
+	// a '<') it would have been one.
+	if accepted < 6 || accepted > 10 {
+		t.Errorf("%d requests of 190 KB fit a 2 MiB budget, want about 8", accepted)
+	}
+	for i := range 5 {
+		id := api.submit(t, ask(fmt.Sprint("another tenant's question ", i)))
+		api.waitStatus(t, id, 30*time.Second, "completed")
+	}
 }
