@@ -172,6 +172,10 @@ func (s *Server) compat(c *gin.Context, d dialect) {
 		d.fail(c, http.StatusBadRequest, "invalid_body", "could not read the request body")
 		return
 	}
+	if err := checkUTF8(body); err != nil {
+		d.fail(c, http.StatusBadRequest, "invalid_request", err.Error())
+		return
+	}
 	ans, req, err := d.decode(body)
 	if err != nil {
 		d.fail(c, http.StatusBadRequest, "invalid_request", err.Error())
@@ -220,14 +224,17 @@ func (s *Server) compat(c *gin.Context, d dialect) {
 	if err == nil && a.CoalescedInto != "" && rec.Job.ID != a.ID && !rec.SharedEnding() {
 		// The request this one joined ended for a reason of its own (its
 		// caller cancelled it, its deadline passed): this one gets a call
-		// of its own (pkg/maintenance re-enqueues it), as on the async
-		// API, and this caller waits for that. Unless part of the other
+		// of its own at once (the sweep would, once it is OrphanAge old),
+		// and this caller waits for that. Unless part of the other
 		// answer was streamed to it already: a second answer would not
 		// continue the first.
 		if sw != nil && sw.n > 0 {
 			d.fail(c, http.StatusBadGateway, "stream_interrupted",
 				"the identical request this call joined ended before its answer was complete; send the request again")
 			return
+		}
+		if err := s.d.Intake.RunAlone(ctx, a.ID); err != nil {
+			s.d.Logger.Warn("compat: could not run a joined request alone; the sweep will", "request_id", a.ID, "err", err)
 		}
 		own := *a
 		own.CoalescedInto = ""

@@ -1,13 +1,17 @@
 package intake
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
+	"fmt"
 
 	"bulwark/pkg/job"
 	"bulwark/pkg/llm"
 	"bulwark/pkg/priority"
+	"bulwark/pkg/queue"
 )
 
 // A compat call is answered in its response and carries no id the caller
@@ -59,4 +63,32 @@ func joinKey(j *job.Job) string {
 		Route: j.Route, Request: j.Request, CaseID: j.CaseID, Layer: j.Layer, ToolResultsHash: j.ToolResultsHash,
 		Metadata: j.Metadata, CacheRead: j.CacheRead, CacheWrite: j.CacheWrite, NoCompress: j.NoCompress})
 	return hex.EncodeToString(h.Sum(nil))[:32]
+}
+
+// RunAlone gives request id, which joined an identical request that then
+// ended for a reason of its own (its caller cancelled it, its deadline
+// passed), a call of its own at once: what the sweep would do once the
+// request is OrphanAge old, so its caller does not wait out that age. A
+// request that ended, or follows no other, is left as it is; the sweep
+// doing the same meanwhile is harmless (the same state, one task).
+func (in *Intake) RunAlone(ctx context.Context, id string) error {
+	rec, err := in.jobs.Get(ctx, id)
+	if err != nil {
+		return fmt.Errorf("intake: run %s alone: %w", id, err)
+	}
+	if rec.Status.Terminal() || rec.State.CoalescedInto == "" {
+		return nil
+	}
+	st := rec.State
+	st.CoalescedInto, st.Cached = "", ""
+	if _, err := in.jobs.Apply(ctx, id, job.Change{State: &st, Tenant: rec.Job.Tenant}); err != nil {
+		if errors.Is(err, job.ErrTerminal) {
+			return nil
+		}
+		return fmt.Errorf("intake: run %s alone: %w", id, err)
+	}
+	if err := in.queue.Enqueue(ctx, id, rec.Job.Priority, 0); err != nil && !queue.Duplicate(err) {
+		return fmt.Errorf("intake: run %s alone: %w", id, err)
+	}
+	return nil
 }

@@ -546,6 +546,10 @@ func (q *Queue) OldestPending(ctx context.Context) (map[priority.Priority]string
 	return out, nil
 }
 
+// Duplicate reports whether Enqueue failed because the request has a task
+// already.
+func Duplicate(err error) bool { return errors.Is(err, asynq.ErrTaskIDConflict) }
+
 // Requeue enqueues request id again unless asynq still holds a task for
 // it: requeued reports that it had none (the request was orphaned: a
 // crash between storing it and enqueueing it); archived that asynq holds
