@@ -178,7 +178,7 @@ var benchColumns = []string{"scope", "prompt_hash", "embedder", "embedding", "te
 
 // storeRow returns the values Store(ctx, k, emb, response) writes, in
 // benchColumns order, computed by the same functions (checkKey, Normalise,
-// scope, PromptHash, the guard), with expires_at given (Store: now plus
+// lineForm, scope, PromptHash, the guard), with expires_at given (Store: now plus
 // the layer's TTL).
 func (c *Cache) storeRow(k Key, emb []float32, response json.RawMessage, expires time.Time) ([]any, error) {
 	layer, err := c.checkKey(k)
@@ -191,7 +191,7 @@ func (c *Cache) storeRow(k Key, emb []float32, response json.RawMessage, expires
 		caseID = k.CaseID
 	}
 	return []any{scope(k, layer, *c.cfg.TenantIsolation), PromptHash(prompt), c.emb.Name(), pgvector.NewVector(emb),
-		k.Tenant, caseID, layer, prompt, []byte(response), expires, c.guard.extract(prompt).key()}, nil
+		k.Tenant, caseID, layer, lineForm(k.Prompt), []byte(response), expires, c.guard.extract(prompt).key()}, nil
 }
 
 func copyRows(ctx context.Context, pool *pgxpool.Pool, rows [][]any) error {

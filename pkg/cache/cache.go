@@ -47,8 +47,10 @@ type Hit struct {
 	Similarity float64
 	// Age is how long ago the answer was stored.
 	Age time.Duration
-	// Response is the stored answer, as given to Store. It may be shared
-	// with other hits (the memo): read it, never modify it.
+	// Response is the stored answer, as given to Store; after a semantic
+	// hit, with the stored prompt's VINs, times, phones and plates replaced
+	// by the asked prompt's (see Lookup). It may be shared with other hits
+	// (the memo): read it, never modify it.
 	Response json.RawMessage
 	// ID is the row id of the answer (0 on a miss).
 	ID int64
@@ -62,11 +64,19 @@ type Hit struct {
 // Stats are counters since New. All are cumulative; metrics take deltas or
 // expose them as counters.
 type Stats struct {
-	Lookups        int64 // Lookup calls
-	ExactHits      int64
-	SemanticHits   int64
-	Misses         int64 // lookups that found nothing, errors excluded
-	GuardRejected  int64 // candidates above the threshold refused by the protected-entity guard
+	Lookups       int64 // Lookup calls
+	ExactHits     int64
+	SemanticHits  int64
+	Misses        int64 // lookups that found nothing, errors excluded
+	GuardRejected int64 // candidates above the threshold refused by the protected-entity guard
+	// EntityRefused are candidates above the threshold refused because
+	// their answer quotes a VIN, time, phone or plate of the stored prompt
+	// that has no unambiguous counterpart in the asked one (carry.go).
+	EntityRefused int64
+	// AskRefused are candidates above the threshold refused because the
+	// prompts differ in what they ask around a shared text, such as an
+	// added instruction (difference.go).
+	AskRefused     int64
 	Stores         int64 // successful Store calls
 	Errors         int64 // operations that failed with ErrUnavailable (each is also a bypass)
 	HitCountsLost  int64 // hits whose count could not be recorded (queue full or write failed)
@@ -103,6 +113,7 @@ type Cache struct {
 	memo    atomic.Pointer[memo]                              // after EnableMemo (memo.go)
 
 	lookups, exactHits, semHits, misses, guardRejected atomic.Int64
+	entityRefused, askRefused                          atomic.Int64
 	stores, errs, hitsLost, hitWrites                  atomic.Int64
 	storesShed, memoHits                               atomic.Int64
 
@@ -427,10 +438,14 @@ func (c *Cache) exact(ctx context.Context, sc, prompt string) (hit Hit, ok bool,
 
 // Lookup finds a stored answer for k: first an exact match of the
 // normalised prompt in k's scope, then the most similar live prompt of the
-// same scope and embedder whose cosine similarity is at least the threshold
-// and whose protected entities (trouble codes, ECUs, parts, versions) are
-// the same. emb is k.Prompt's embedding from Embed; nil means Lookup
-// computes it, and only if the exact match misses.
+// same scope and embedder whose cosine similarity is at least the threshold,
+// whose protected entities (trouble codes, ECUs, parts, versions) are the
+// same, and whose difference from k.Prompt around any shared text asks the
+// same thing (no instruction added to a shared log). A semantic hit's
+// Response has the stored prompt's VINs, times, phones and plates replaced
+// by k.Prompt's; one that quotes a value without an unambiguous
+// counterpart is not a hit. emb is k.Prompt's embedding from Embed; nil
+// means Lookup computes it, and only if the exact match misses.
 //
 // On a hit its hit count and last-hit time are recorded (written in the
 // background; see Start). A failure of the database or embedder returns a
@@ -464,13 +479,11 @@ func (c *Cache) Lookup(ctx context.Context, k Key, emb []float32) (Hit, error) {
 		return miss, nil
 	}
 
-	var (
-		want    = c.guard.extract(prompt)
-		refused map[int64]bool
-	)
+	q := c.question(k.Prompt, prompt)
+	var refused map[int64]bool
 	for round := range c.sqlSearch {
 		qctx, cancel := context.WithTimeout(ctx, c.cfg.QueryTimeout)
-		cands, err := c.search(qctx, round, sc, want.key(), emb, true)
+		cands, err := c.search(qctx, round, sc, q.ents.key(), emb, true)
 		cancel()
 		if err != nil {
 			err = fmt.Errorf("cache: lookup semantic: %w: %w", ErrUnavailable, err)
@@ -484,10 +497,11 @@ func (c *Cache) Lookup(ctx context.Context, k Key, emb []float32) (Hit, error) {
 			if refused[cd.id] {
 				continue
 			}
-			// The SQL already filters on the entities; this re-check guards
-			// rows stored before that column existed.
-			if !c.guard.extract(cd.prompt).same(want) {
-				c.guardRejected.Add(1)
+			response, ok, err := c.admit(ctx, q, cd)
+			if err != nil {
+				return miss, err
+			}
+			if !ok {
 				if refused == nil {
 					refused = map[int64]bool{}
 				}
@@ -496,16 +510,65 @@ func (c *Cache) Lookup(ctx context.Context, k Key, emb []float32) (Hit, error) {
 			}
 			c.semHits.Add(1)
 			c.recordHit(cd.id)
-			return Hit{Kind: job.CachedSemantic, Similarity: cd.sim, Age: cd.age, Response: cd.response, ID: cd.id, Embedding: emb}, nil
+			return Hit{Kind: job.CachedSemantic, Similarity: cd.sim, Age: cd.age, Response: response, ID: cd.id, Embedding: emb}, nil
 		}
 		// A second round only helps when the first came from the HNSW
-		// branch (one row) and the guard refused that row.
+		// branch (one row) and admit refused that row.
 		if len(cands) != 1 || refused == nil || c.cfg.Candidates == 1 {
 			break
 		}
 	}
 	c.misses.Add(1)
 	return miss, nil
+}
+
+// question is the asked prompt as admit compares it with candidates.
+type question struct {
+	ents     entities   // protected entities of the normalised prompt
+	values   [][]string // guard.values of the normalised prompt
+	segments []string   // guard.segments of the prompt in line form
+	// diffEmbeds is how many more candidates may have their differences
+	// embedded (difference.go).
+	diffEmbeds int
+}
+
+func (c *Cache) question(raw, normalised string) *question {
+	return &question{
+		ents:       c.guard.extract(normalised),
+		values:     c.guard.values(normalised),
+		segments:   c.guard.segments(lineForm(raw)),
+		diffEmbeds: diffEmbedsMax,
+	}
+}
+
+// admit decides whether a candidate above the threshold may answer q, and
+// returns the answer to serve: the stored one with the asked prompt's
+// VINs, times, phones and plates in place of the stored prompt's
+// (carry.go). Each refusal is counted by its reason. The checks run
+// cheapest first; only sameAsk may call the embedder, and its error (which
+// wraps ErrUnavailable) is returned.
+func (c *Cache) admit(ctx context.Context, q *question, cd candidate) (json.RawMessage, bool, error) {
+	stored := Normalise(cd.prompt) // rows keep their line breaks (lineForm)
+	// The SQL already filters on the entities; this re-check guards rows
+	// stored before that column existed.
+	if !c.guard.extract(stored).same(q.ents) {
+		c.guardRejected.Add(1)
+		return nil, false, nil
+	}
+	response, ok := c.guard.carry(stored, q.values, cd.response)
+	if !ok {
+		c.entityRefused.Add(1)
+		return nil, false, nil
+	}
+	same, err := c.sameAsk(ctx, q, cd.prompt)
+	if err != nil {
+		return nil, false, err
+	}
+	if !same {
+		c.askRefused.Add(1)
+		return nil, false, nil
+	}
+	return response, true, nil
 }
 
 // candidate is one row of the semantic search.
@@ -601,7 +664,7 @@ func (c *Cache) storeArgs(ctx context.Context, k Key, emb []float32, response js
 		return nil, err
 	}
 	return []any{scope(k, layer, *c.cfg.TenantIsolation), PromptHash(prompt), pgvector.NewVector(emb),
-		k.Tenant, k.CaseID, layer, prompt, []byte(response), c.cfg.TTL[layer].Seconds(), c.guard.extract(prompt).key()}, nil
+		k.Tenant, k.CaseID, layer, lineForm(k.Prompt), []byte(response), c.cfg.TTL[layer].Seconds(), c.guard.extract(prompt).key()}, nil
 }
 
 // InvalidateCase deletes every stored answer of a diagnosis case, so none
@@ -679,6 +742,8 @@ func (c *Cache) Stats() Stats {
 		SemanticHits:   c.semHits.Load(),
 		Misses:         c.misses.Load(),
 		GuardRejected:  c.guardRejected.Load(),
+		EntityRefused:  c.entityRefused.Load(),
+		AskRefused:     c.askRefused.Load(),
 		Stores:         c.stores.Load(),
 		StoresShed:     c.storesShed.Load(),
 		MemoHits:       c.memoHits.Load(),

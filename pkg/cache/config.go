@@ -73,20 +73,51 @@ func ProtectedPatternsDefault() []string {
 	}
 }
 
-// IgnoredPatternsDefault returns the default patterns blanked out before
-// the protected patterns are applied (see Config.IgnoredPatterns): ISO 8601
-// dates and timestamps (2024-11-03, 2024-11-03T08:15:22.123Z) and clock
-// times (08:15, 08:15:22.5), so that fractional seconds do not read as
-// version numbers nor dates as part numbers, and VINs. The same matches are
-// masked out of the text that is embedded: a question about one car at one
-// time is the same question about another car at another time. It returns
-// a new slice on each call.
+// IgnoredPatternsDefault returns the default patterns masked before the
+// protected patterns are applied and before a prompt is embedded (see
+// Config.IgnoredPatterns): what tells one car, one driver or one moment from
+// another, not one question from another. A question about one car at one
+// time is the same question about another car at another time, and its
+// answer is served with these values substituted (see the package
+// documentation, "Lookup"). It returns a new slice on each call. In order
+// (each pattern sees the text the earlier ones masked):
+//
+//   - ISO 8601 dates and timestamps, e.g. 2024-11-03,
+//     2024-11-03T08:15:22.123Z, 2024-11-03 08:15:22+08:00: masked first so
+//     that dates do not read as part numbers nor fractional seconds as
+//     version numbers.
+//     \b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?
+//   - Clock times, e.g. 08:15, 08:15:22.5:
+//     \b\d{1,2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?\b
+//   - VINs (ISO 3779: 17 letters and digits, no I, O or Q), e.g.
+//     LSVAU2180N2183294: \b[A-HJ-NPR-Z0-9]{17}\b
+//   - Phone numbers in E.164 form, e.g. +8613812345678, +4915112345678:
+//     \+[1-9]\d{7,14}\b. Before the Unix-time pattern, so that a "+1…"
+//     number is a phone, never a time.
+//   - Chinese mobile numbers, 11 digits, e.g. 13812345678: \b1[3-9]\d{9}\b.
+//     Unix times have 10 or 13 digits, so neither pattern matches the
+//     other's numbers; another 11-digit number starting 13 to 19 (a serial
+//     number) is masked too, and then no longer tells two prompts apart.
+//   - Unix times in seconds or milliseconds (2001-2033), e.g. 1730621722,
+//     1730621722123: \b1\d{9}(?:\d{3})?\b
+//   - Chinese licence plates: a province character, the city letter, an
+//     optional middle dot, then 5 letters or digits (6 on new-energy
+//     plates) or 4 and one of 挂学警港澳, e.g. 京A12345, 粤B·D12345,
+//     沪AD12345: [京津…琼][A-HJ-NP-Z][·•]?(?:[A-HJ-NP-Z0-9]{5,6}\b|[A-HJ-NP-Z0-9]{4}[挂学警港澳]).
+//     There is no generic plate pattern: without a province character, a
+//     plate (AB-123-CD, B-MW 1234) has the shape of the part numbers the
+//     guard protects, and masking those would let questions about
+//     different parts share an answer. A fleet with one known plate
+//     format adds its own pattern.
 func IgnoredPatternsDefault() []string {
 	return []string{
 		`\b\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?(?:Z|[+-]\d{2}:?\d{2})?)?`,
 		`\b\d{1,2}:\d{2}(?::\d{2}(?:[.,]\d+)?)?\b`,
 		`\b[A-HJ-NPR-Z0-9]{17}\b`, // VIN (ISO 3779: no I, O, Q)
+		`\+[1-9]\d{7,14}\b`,       // E.164 phone number
+		`\b1[3-9]\d{9}\b`,         // Chinese mobile number
 		`\b1\d{9}(?:\d{3})?\b`,    // Unix time in s or ms (2001-2033)
+		`[京津沪渝冀豫云辽黑湘皖鲁新苏浙赣鄂桂甘晋蒙陕吉闽贵粤青藏川宁琼][A-HJ-NP-Z][·•]?(?:[A-HJ-NP-Z0-9]{5,6}\b|[A-HJ-NP-Z0-9]{4}[挂学警港澳])`, // Chinese licence plate
 	}
 }
 
@@ -113,9 +144,12 @@ type Config struct {
 	ProtectedPatterns []string `yaml:"protected_patterns"`
 	// IgnoredPatterns are regular expressions whose matches are blanked
 	// before ProtectedPatterns are applied, and masked out of the text
-	// that is embedded. nil means
-	// IgnoredPatternsDefault (dates, timestamps, clock times); an empty
-	// non-nil slice ignores nothing.
+	// that is embedded and of the texts compared for an added
+	// instruction. A semantic hit's answer is served with the stored
+	// prompt's matches replaced by the asked prompt's (see the package
+	// documentation). nil means IgnoredPatternsDefault (dates, timestamps,
+	// clock times, VINs, phone numbers, Unix times, Chinese plates); an
+	// empty non-nil slice ignores nothing.
 	IgnoredPatterns []string `yaml:"ignored_patterns"`
 	// EfSearch is hnsw.ef_search, set per connection by AfterConnectWith:
 	// the HNSW candidate list size, 1..1000. Default EfSearchDefault (40):

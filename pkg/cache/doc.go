@@ -22,26 +22,46 @@
 //
 // # Lookup
 //
-//  1. Exact: (scope, prompt_hash) on the unique index, live rows only.
+//  1. Exact: (scope, prompt_hash) on the unique index, live rows only. The
+//     hash is of the normalised prompt, unmasked: another VIN or time is
+//     another entry, so an exact hit's answer is always served as stored.
 //  2. Semantic, only after an exact miss, and only then is the prompt
 //     embedded if the caller passed no vector (what the ignored patterns
-//     match, timestamps and VINs, is masked out of the embedded text):
-//     one statement counts the live rows of the scope with the same
-//     protected entities (capped, index-only on
-//     semantic_cache_entities_live, migration 0003) and, as a one-time
-//     filter, runs either an exact ordered scan of them (fewer than
-//     Config.SmallScopeRows) or the embedder's partial HNSW index with
+//     match, timestamps, VINs, phone numbers, Unix times and Chinese
+//     plates, is masked out of the embedded text): one statement counts
+//     the live rows of the scope with the same protected entities (capped,
+//     index-only on semantic_cache_entities_live, migration 0003) and, as
+//     a one-time filter, runs either an exact ordered scan of them (fewer
+//     than Config.SmallScopeRows) or the embedder's partial HNSW index with
 //     iterative scan. Rows must be live (expires_at > now()), of the same
 //     scope, entities and embedder, and at least Config.Threshold similar.
 //  3. The protected-entity guard: a prompt whose trouble codes, ECU ids,
 //     part numbers or version numbers differ from the stored one's is not
-//     a hit, however similar (VINs and timestamps are not protected).
+//     a hit, however similar (the ignored values are not protected).
 //     Each answer is stored with its entities in a canonical form and the
 //     lookup filters on them in SQL: checking them only after the nearest
 //     neighbours were found let many near-identical prompts that differ
 //     in a DTC crowd the true match out of an approximate HNSW result
 //     (recall 0.49 at 100k rows through the API). The guard still
 //     re-checks each candidate, for rows stored before migration 0003.
+//  4. The answer is carried over to the asked prompt (carry.go): for each
+//     ignored pattern matching as many distinct values in both prompts,
+//     the stored prompt's i-th value (in order of first appearance) is
+//     replaced by the asked prompt's i-th in every string of the answer
+//     (text blocks, tool inputs). Where the counts differ the mapping is
+//     ambiguous, and an answer quoting any of the stored values of that
+//     pattern is refused; an answer quoting none is served unchanged. The
+//     stored values are recomputed from the stored prompt, no column.
+//  5. What differs must ask the same (difference.go): both prompts are cut
+//     into lines and sentences, masked; around the segments they share,
+//     a difference on one side only (an instruction such as "Answer only
+//     in French." added to a shared log, which alone scores 0.9997) is
+//     refused, and differences on both sides (two questions about one
+//     log) are embedded and must reach Config.Threshold themselves. Rows
+//     keep their prompt's line breaks for this (lineForm).
+//
+// A refused candidate gives way to the next one above the threshold
+// (Stats.GuardRejected, EntityRefused and AskRefused count them).
 //
 // Each embedder (embed.Embedder.Name) has its own partial HNSW index,
 // created by New, on embedding::vector(dims) WHERE embedder = name; the

@@ -11,9 +11,11 @@ import (
 // name a different trouble code, ECU, part or version ("P0A80" and "P0A81"
 // differ in one character of a long prompt). For each protected pattern the
 // sorted list of matches must be equal in both prompts. Matches of the
-// ignored patterns (timestamps) are blanked first, so prompts that differ
-// only in a VIN or a timestamp still hit. A guard is immutable and safe for
-// concurrent use.
+// ignored patterns (timestamps, VINs, phone numbers, plates) are blanked
+// first, so prompts that differ only in those still hit; their answers are
+// then carried over (carry.go), and an instruction added to a shared text
+// is caught by comparing what differs (difference.go). A guard is
+// immutable and safe for concurrent use.
 type guard struct {
 	protected []*regexp.Regexp
 	ignored   []*regexp.Regexp
@@ -38,7 +40,7 @@ func newGuard(protected, ignored []string) (*guard, error) {
 	return g, nil
 }
 
-// mask replaces what the ignored patterns match (timestamps, VINs) with a
+// mask replaces what the ignored patterns match (timestamps, VINs, ...) with a
 // placeholder before a prompt is embedded, so that two reports that differ
 // only in which car and when embed identically rather than merely alike:
 // on a short prompt a changed VIN and timestamp alone pull a lexical
@@ -48,6 +50,23 @@ func (g *guard) mask(prompt string) string {
 		prompt = re.ReplaceAllLiteralString(prompt, "#")
 	}
 	return prompt
+}
+
+// values returns, per ignored pattern, the distinct strings it matches in
+// prompt, in order of first appearance. Each pattern sees the text the
+// earlier ones masked, as in mask, so a value belongs to one pattern only
+// (a timestamp's clock time is the timestamp's).
+func (g *guard) values(prompt string) [][]string {
+	out := make([][]string, len(g.ignored))
+	for i, re := range g.ignored {
+		for _, m := range re.FindAllString(prompt, -1) {
+			if !slices.Contains(out[i], m) {
+				out[i] = append(out[i], m)
+			}
+		}
+		prompt = re.ReplaceAllLiteralString(prompt, "#")
+	}
+	return out
 }
 
 // entities is, per protected pattern, the sorted upper-cased matches.

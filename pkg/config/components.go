@@ -99,7 +99,7 @@ func (c *Config) CompressConfig() compress.Config {
 func (c *Config) CacheConfig() cache.Config {
 	ca := c.Cache
 	return cache.Config{Threshold: ca.Threshold, TTL: ca.TTL, DefaultLayer: ca.DefaultLayer,
-		TenantIsolation: ca.TenantIsolation, ProtectedPatterns: ca.ProtectedPatterns,
+		TenantIsolation: ca.TenantIsolation, ProtectedPatterns: ca.ProtectedPatterns, IgnoredPatterns: ca.IgnoredPatterns,
 		IndexM: ca.Index.M, IndexEfConstruction: ca.Index.EfConstruction,
 		MemoEntries: ca.Memo.Entries, MemoTTL: ca.Memo.TTL}
 }

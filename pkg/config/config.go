@@ -384,6 +384,11 @@ type Cache struct {
 	// ProtectedPatterns are regular expressions whose matches must be equal
 	// in both prompts for a semantic hit. Default: DTCs, ECU ids, versions.
 	ProtectedPatterns []string `yaml:"protected_patterns"`
+	// IgnoredPatterns are regular expressions of what tells one car or
+	// moment from another: masked before the match, and substituted in a
+	// semantic hit's answer. Default: times, VINs, phone numbers, Chinese
+	// plates (cache.IgnoredPatternsDefault); [] ignores nothing.
+	IgnoredPatterns []string `yaml:"ignored_patterns"`
 	// Embedder: "local" (default, no network) or "openai" (any compatible
 	// /v1/embeddings endpoint).
 	Embedder Embedder `yaml:"embedder"`

@@ -159,6 +159,7 @@ func TestValidation(t *testing.T) {
 		{"no admin token", strings.Replace(minimal, "admin_token: a", "listen: x", 1), map[string]string{"K1": secretVal}, "server.admin_token: is required"},
 		{"bad threshold", minimal + "cache: {threshold: 1.5}", map[string]string{"K1": secretVal}, "cache.threshold"},
 		{"bad regexp", minimal + "cache: {protected_patterns: ['(']}", map[string]string{"K1": secretVal}, "cache.protected_patterns[0]"},
+		{"bad ignored regexp", minimal + "cache: {ignored_patterns: ['x', '[']}", map[string]string{"K1": secretVal}, "cache.ignored_patterns[1]"},
 		{"tenant without token", minimal + "tenants: [{name: t}]", map[string]string{"K1": secretVal}, "tenants[0].token"},
 		{"default", minimal + "tenants: [{name: t, token: x}]", map[string]string{"K1": secretVal}, ""},
 		{"tenant name with a colon", minimal + "tenants: [{name: 'fleet:eu', token: x}]", map[string]string{"K1": secretVal}, "tenants[0].name: must be"},

@@ -239,6 +239,11 @@ func (c *Config) validateCache(add func(field, format string, args ...any)) {
 			add(fmt.Sprintf("cache.protected_patterns[%d]", i), "invalid regular expression: %v", err)
 		}
 	}
+	for i, p := range ca.IgnoredPatterns {
+		if _, err := regexp.Compile(p); err != nil {
+			add(fmt.Sprintf("cache.ignored_patterns[%d]", i), "invalid regular expression: %v", err)
+		}
+	}
 	if ca.Memo.Entries <= 0 || ca.Memo.TTL <= 0 {
 		add("cache.memo", "entries and ttl must be > 0 (enabled: false turns it off)")
 	}
