@@ -68,7 +68,7 @@ type dialect struct {
 	// tooManyTokens is the provider's own 400 for a max_tokens above the
 	// model's maximum.
 	tooManyTokens func(a answering, e *intake.OutputLimitError) []byte
-	encode   func(resp *llm.Response, model string) ([]byte, error)
+	encode        func(resp *llm.Response, model string) ([]byte, error)
 	// stream starts writing answer id as the dialect's event stream.
 	stream func(w io.Writer, id string, a answering) streamWriter
 	error  func(status int, code, msg string) []byte
