@@ -1,6 +1,7 @@
 package config
 
 import (
+	"slices"
 	"strings"
 	"time"
 
@@ -146,7 +147,7 @@ func (c *Config) LongestCall() time.Duration {
 // DispatchConfig is the worker's dispatcher configuration, without the
 // provider clients and the compressor the service builds.
 func (c *Config) DispatchConfig() dispatch.Config {
-	return dispatch.Config{RouteOrder: c.RouteOrder, ModelName: c.ModelName, Price: c.Price,
+	return dispatch.Config{RouteOrder: c.RouteOrder, ModelName: c.ModelName, OutputLimit: c.OutputLimit, Price: c.Price,
 		MaxActive: c.MaxActive(), PaceWait: c.Worker.PaceWait, HoldWait: c.Worker.HoldWait,
 		SlotRenew: c.Queue.SlotLease / 3}
 }
@@ -214,8 +215,10 @@ func (c *Config) validateAcross(add func(field, format string, args ...any)) {
 // depends on the running process (CacheEnabled, AfterStore).
 func (c *Config) IntakeConfig() intake.Config {
 	routes := map[llm.Route]bool{}
+	limits := map[llm.Route]int{}
 	for _, r := range c.Routes() {
 		routes[r] = true
+		limits[r] = c.OutputLimit(r)
 	}
 	layers := map[string]bool{}
 	for l := range c.Cache.TTL {
@@ -223,7 +226,7 @@ func (c *Config) IntakeConfig() intake.Config {
 	}
 	s := c.Server
 	return intake.Config{Routes: routes, RouteOrder: c.RouteOrder, MaxWait: c.Queue.MaxWait,
-		MaxPromptChars: s.MaxPromptChars, MaxTokensLimit: s.MaxTokensLimit, DefaultMaxTokens: s.DefaultMaxTokens,
+		MaxPromptChars: s.MaxPromptChars, OutputLimits: limits, MaxTokensLimit: s.MaxTokensLimit, DefaultMaxTokens: s.DefaultMaxTokens,
 		Layers: layers, DefaultLayer: c.Cache.DefaultLayer}
 }
 
@@ -273,7 +276,11 @@ func (c *Config) MaxActive() map[priority.Priority]int {
 // Models resolves the model names of the compat endpoints to routes: the
 // configured aliases (models), every tier's concrete model name, and
 // "provider/tier".
-type Models struct{ m map[string]llm.Route }
+type Models struct {
+	m map[string]llm.Route
+	// list is every name of m, sorted, with its route's output limit.
+	list []llm.Model
+}
 
 // ModelResolver builds the resolver.
 func (c *Config) ModelResolver() Models {
@@ -287,7 +294,12 @@ func (c *Config) ModelResolver() Models {
 			m[name] = r
 		}
 	}
-	return Models{m: m}
+	list := make([]llm.Model, 0, len(m))
+	for name, r := range m {
+		list = append(list, llm.Model{ID: name, Route: r, MaxOutputTokens: c.OutputLimit(r)})
+	}
+	slices.SortFunc(list, func(a, b llm.Model) int { return strings.Compare(a.ID, b.ID) })
+	return Models{m: m, list: list}
 }
 
 // Resolve returns the route a model name stands for.
@@ -295,3 +307,7 @@ func (m Models) Resolve(model string) (llm.Route, bool) {
 	r, ok := m.m[model]
 	return r, ok
 }
+
+// List returns every name Resolve accepts, sorted by name; the caller
+// must not change it.
+func (m Models) List() []llm.Model { return m.list }

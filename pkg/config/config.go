@@ -93,9 +93,15 @@ type Server struct {
 	MaxBodyBytes int64 `yaml:"max_body_bytes"`
 	// MaxPromptChars caps system prompt plus message text. Default 200,000.
 	MaxPromptChars int `yaml:"max_prompt_chars"`
-	// MaxTokensLimit caps max_tokens. Default 32,000.
+	// MaxTokensLimit, when set, caps max_tokens on every tier below the
+	// tier's own max_output_tokens (providers.*.tiers): an operator's
+	// ceiling. Default 0: none, each tier's own limit applies.
 	MaxTokensLimit int `yaml:"max_tokens_limit"`
-	// DefaultMaxTokens is used when a request gives none. Default 1,024.
+	// DefaultMaxTokens is the max_tokens of an async request (POST
+	// /v1/requests) that gives none, lowered to its tier's limit. An
+	// OpenAI-compatible call without one gets its tier's limit (as OpenAI
+	// does: the model's maximum); an Anthropic-compatible call must give
+	// one (as Anthropic requires). Default 1,024.
 	DefaultMaxTokens int `yaml:"default_max_tokens"`
 	// SyncTimeout is how long the compat endpoints wait for an answer
 	// before replying 429 still_queued with the request id. Default
@@ -288,8 +294,9 @@ type ProviderCfg struct {
 	// Timeout of one call. Default 120s.
 	Timeout time.Duration `yaml:"timeout"`
 	// Tiers maps a tier name ("sonnet") to the provider's model name: the
-	// Bedrock model (or inference profile) id, the Azure deployment name.
-	Tiers map[string]string `yaml:"tiers"`
+	// Bedrock model (or inference profile) id, the Azure deployment name;
+	// or to a mapping of the model and its max_output_tokens (Tier).
+	Tiers map[string]Tier `yaml:"tiers"`
 	// BurstWindow is the share of a key's per-minute limits the provider
 	// lets through at once: providers meter in short windows ("60 RPM may
 	// be enforced as 1 request per second"), so the pool paces each key to

@@ -63,6 +63,37 @@ func TestRepoConfigLoads(t *testing.T) {
 	if c.Tenants[0].TokenSHA256 == "" || !c.Tenants[0].Token.IsZero() {
 		t.Error("tenant token must be kept only as a hash")
 	}
+	// Each tier has its model's documented output limit, and no global
+	// cap lowers Sonnet's 64,000 (issue 29: the SDKs ask for it).
+	for route, want := range map[string]int{"claude/sonnet": 64_000, "claude/haiku": 64_000, "openai/gpt4o": 16_384, "openai/gpt4o-mini": 16_384} {
+		r, _ := config.ParseRoute(route)
+		if got := c.IntakeConfig().WithDefaults().OutputLimit(r); got != want {
+			t.Errorf("%s: max_tokens limit %d, want %d", route, got, want)
+		}
+	}
+}
+
+// A tier's max_output_tokens defaults to its model's documented maximum,
+// matched within dated and Bedrock names, else to the fallback; one the
+// file gives wins.
+func TestTierOutputLimits(t *testing.T) {
+	t.Parallel()
+	doc := strings.Replace(minimal, "tiers: {sonnet: m1}",
+		`tiers: {sonnet: claude-sonnet-4-5-20250929, haiku: "us.anthropic.claude-haiku-4-5-20251001-v1:0", opus: claude-opus-4-1, `+
+			`mini: gpt-4o-mini, local: qwen2.5, big: {model: claude-sonnet-4-5, max_output_tokens: 128000}}`, 1)
+	c, err := config.Parse([]byte(doc), env(map[string]string{"K1": "k"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for tier, want := range map[string]int{"sonnet": 64_000, "haiku": 64_000, "opus": 32_000, "mini": 16_384,
+		"local": config.MaxOutputTokensFallback, "big": 128_000} {
+		if got := c.OutputLimit(llm.Route{Provider: "claude", Tier: tier}); got != want {
+			t.Errorf("%s: max_output_tokens %d, want %d", tier, got, want)
+		}
+	}
+	if got := c.ModelName(llm.Route{Provider: "claude", Tier: "big"}); got != "claude-sonnet-4-5" {
+		t.Errorf("model of a tier given as a mapping = %q", got)
+	}
 }
 
 const minimal = `
@@ -227,6 +258,16 @@ func TestValidation(t *testing.T) {
 		{"HNSW build below pgvector's limits", minimal + `cache: {index: {m: 16, ef_construction: 20}}`,
 			map[string]string{"K1": secretVal}, "cache: cache: Config.IndexEfConstruction 20: want 2*IndexM (32)..1000"},
 		{"HNSW build parameters", minimal + `cache: {index: {m: 12, ef_construction: 40}}`, map[string]string{"K1": secretVal}, ""},
+		{"tier with its output limit", strings.Replace(minimal, "tiers: {sonnet: m1}", "tiers: {sonnet: {model: m1, max_output_tokens: 8000}}", 1),
+			map[string]string{"K1": secretVal}, ""},
+		{"tier with an unknown key", strings.Replace(minimal, "tiers: {sonnet: m1}", "tiers: {sonnet: {model: m1, max_tokens: 8000}}", 1),
+			map[string]string{"K1": secretVal}, "field max_tokens not found in a tier (model, max_output_tokens)"},
+		{"tier without its model", strings.Replace(minimal, "tiers: {sonnet: m1}", "tiers: {sonnet: {max_output_tokens: 8000}}", 1),
+			map[string]string{"K1": secretVal}, "providers.claude.tiers.sonnet: model name is required"},
+		{"negative output limit", strings.Replace(minimal, "tiers: {sonnet: m1}", "tiers: {sonnet: {model: m1, max_output_tokens: -1}}", 1),
+			map[string]string{"K1": secretVal}, "providers.claude.tiers.sonnet.max_output_tokens: must be > 0, got -1"},
+		{"negative ceiling", strings.Replace(minimal, "server: {admin_token: a}", "server: {admin_token: a, max_tokens_limit: -1}", 1),
+			map[string]string{"K1": secretVal}, "server.max_tokens_limit: must be > 0, or 0 for none"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

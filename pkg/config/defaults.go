@@ -24,7 +24,6 @@ const (
 	ListenDefault                = "127.0.0.1:8080"
 	MaxBodyBytesDefault          = httpapi.MaxBodyBytesDefault
 	MaxPromptCharsDefault        = intake.MaxPromptCharsDefault
-	MaxTokensLimitDefault        = intake.MaxTokensLimitDefault
 	DefaultMaxTokensDefault      = intake.DefaultMaxTokensDefault
 	ResultTTLDefault             = time.Hour
 	ServerShutdownTimeoutDefault = 10 * time.Second
@@ -112,7 +111,6 @@ func (c *Config) setDefaults() {
 	orDefault(&s.Listen, ListenDefault)
 	orDefault(&s.MaxBodyBytes, MaxBodyBytesDefault)
 	orDefault(&s.MaxPromptChars, MaxPromptCharsDefault)
-	orDefault(&s.MaxTokensLimit, MaxTokensLimitDefault)
 	orDefault(&s.DefaultMaxTokens, DefaultMaxTokensDefault)
 	orDefault(&s.ResultTTL, ResultTTLDefault)
 	orDefault(&s.ShutdownTimeout, ServerShutdownTimeoutDefault)
@@ -151,6 +149,7 @@ func (c *Config) setDefaults() {
 		}
 		orDefault(&p.Timeout, ProviderTimeoutDefault)
 		orDefault(&p.BurstWindow, BurstWindowDefault)
+		p.tierDefaults()
 		c.Providers[name] = p
 	}
 	for i := range c.Keys {

@@ -118,9 +118,14 @@ keys:
 func checkConfig(t *testing.T, c *config.Config) {
 	t.Helper()
 	s, q, ca := c.Server, c.Queue, c.Cache
-	if s.MaxBodyBytes <= 0 || s.MaxPromptChars <= 0 || s.MaxTokensLimit <= 0 || s.DefaultMaxTokens <= 0 ||
-		s.DefaultMaxTokens > s.MaxTokensLimit || s.MaxHeaderBytes <= 0 {
+	if s.MaxBodyBytes <= 0 || s.MaxPromptChars <= 0 || s.MaxTokensLimit < 0 || s.DefaultMaxTokens <= 0 ||
+		(s.MaxTokensLimit > 0 && s.DefaultMaxTokens > s.MaxTokensLimit) || s.MaxHeaderBytes <= 0 {
 		t.Fatalf("server limits not positive: %+v", s)
+	}
+	for _, r := range c.Routes() {
+		if c.OutputLimit(r) <= 0 {
+			t.Fatalf("route %s has max_output_tokens %d", r, c.OutputLimit(r))
+		}
 	}
 	for name, d := range map[string]time.Duration{"server.sync_timeout": s.SyncTimeout, "server.result_ttl": s.ResultTTL,
 		"server.read_header_timeout": s.ReadHeaderTimeout, "server.read_timeout": s.ReadTimeout,

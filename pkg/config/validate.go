@@ -104,9 +104,12 @@ func (c *Config) validateProviders(add func(field, format string, args ...any)) 
 		if len(p.Tiers) == 0 {
 			add(field+".tiers", "at least one tier is required")
 		}
-		for tier, model := range p.Tiers {
-			if model == "" {
+		for tier, t := range p.Tiers {
+			if t.Model == "" {
 				add(field+".tiers."+tier, "model name is required")
+			}
+			if t.MaxOutputTokens < 0 {
+				add(field+".tiers."+tier+".max_output_tokens", "must be > 0, got %d", t.MaxOutputTokens)
 			}
 			routes[llm.Route{Provider: name, Tier: tier}.String()] = true
 		}
@@ -372,7 +375,7 @@ func (c *Config) RouteOrder(asked llm.Route, layer string) []llm.Route {
 
 // ModelName returns the provider's model name for a route.
 func (c *Config) ModelName(r llm.Route) string {
-	return c.Providers[r.Provider].Tiers[r.Tier]
+	return c.Providers[r.Provider].Tiers[r.Tier].Model
 }
 
 // checkBaseURL says what is wrong with a provider's base URL, or "": an
@@ -413,7 +416,7 @@ func (c *Config) validateLimits(add func(field, format string, args ...any)) {
 		v     int64
 	}{
 		{"server.max_body_bytes", s.MaxBodyBytes}, {"server.max_prompt_chars", int64(s.MaxPromptChars)},
-		{"server.max_tokens_limit", int64(s.MaxTokensLimit)}, {"server.default_max_tokens", int64(s.DefaultMaxTokens)},
+		{"server.default_max_tokens", int64(s.DefaultMaxTokens)},
 		{"server.max_header_bytes", int64(s.MaxHeaderBytes)}, {"worker.concurrency", int64(w.Concurrency)},
 		{"worker.max_attempts", int64(w.MaxAttempts)},
 		{"server.sync_timeout", int64(s.SyncTimeout)}, {"server.result_ttl", int64(s.ResultTTL)},
@@ -427,6 +430,9 @@ func (c *Config) validateLimits(add func(field, format string, args ...any)) {
 		if l.v <= 0 {
 			add(l.field, "must be > 0")
 		}
+	}
+	if s.MaxTokensLimit < 0 {
+		add("server.max_tokens_limit", "must be > 0, or 0 for none (each tier's max_output_tokens), got %d", s.MaxTokensLimit)
 	}
 	for route, p := range c.Prices {
 		if !(p.Input >= 0 && p.Output >= 0) || math.IsInf(p.Input, 0) || math.IsInf(p.Output, 0) {

@@ -29,6 +29,12 @@ type Config struct {
 	RouteOrder func(asked llm.Route, layer string) []llm.Route
 	// ModelName returns a route's provider model name.
 	ModelName func(llm.Route) string
+	// OutputLimit returns the most max_tokens a route's model accepts
+	// (config: max_output_tokens): a request sent to a route whose limit
+	// is below its max_tokens (a fallback, a routing rule's route) is
+	// clamped to it, and its record says so (job.State.MaxTokensClamped).
+	// nil, or 0 for a route: no limit.
+	OutputLimit func(llm.Route) int
 	// Price of a route, for cost metrics.
 	Price func(llm.Route) metrics.Price
 	// Compress, when set, shortens a request's prompt before it is sent

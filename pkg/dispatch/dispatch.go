@@ -465,6 +465,7 @@ func (d *Dispatcher) complete(ctx context.Context, rec *job.Record, out outcome,
 	st.Result = out.resp
 	st.Cached = job.CachedNone
 	st.TokensSaved = out.saved
+	st.MaxTokensClamped = out.clamped
 	rec.State = st
 	// The answer is paid for: keep trying to record it for a while (Redis
 	// restarting answers LOADING for seconds) before handing the task back

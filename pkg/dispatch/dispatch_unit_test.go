@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -165,6 +166,50 @@ func TestUnitOverloadFallsBack(t *testing.T) {
 			}
 			if got := h.openai.callList(); !slices.Equal(got, []string{"sk-gpt4o-1 model-gpt4o"}) {
 				t.Fatalf("fallback calls %v, want the fallback tier's model", got)
+			}
+		})
+	}
+}
+
+// A request whose max_tokens the fallback's model does not give is sent
+// there with the model's maximum, and its ending says so; on its own
+// route (whose limit intake checked) it goes as asked.
+func TestUnitFallbackClampsMaxTokens(t *testing.T) {
+	t.Parallel()
+	limits := func(c *Config) {
+		c.OutputLimit = func(r llm.Route) int { return map[llm.Route]int{sonnet: 64_000, gpt4o: 16_384}[r] }
+	}
+	for _, tt := range []struct {
+		name           string
+		claudeFails    bool
+		claude, openai []int
+		clamped        *job.Clamp
+	}{
+		{"own route", false, []int{64_000}, nil, nil},
+		{"fallback", true, []int{64_000}, []int{16_384}, &job.Clamp{From: 64_000, To: 16_384}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			h := newHarness(t, limits)
+			if tt.claudeFails {
+				h.claude.then(failWith(llm.ClassOverloaded))
+			}
+			rec := h.submit(func(r *job.Record) { r.Job.Request.MaxTokens = 64_000 })
+			if err := h.process(t.Context(), rec.Job.ID); err != nil {
+				t.Fatal(err)
+			}
+			if got := h.claude.maxTokensSent(); !slices.Equal(got, tt.claude) {
+				t.Errorf("claude sent max_tokens %v, want %v", got, tt.claude)
+			}
+			if got := h.openai.maxTokensSent(); !slices.Equal(got, tt.openai) {
+				t.Errorf("openai sent max_tokens %v, want %v", got, tt.openai)
+			}
+			end := h.only()
+			if end.Status != job.StatusCompleted || !reflect.DeepEqual(end.State.MaxTokensClamped, tt.clamped) {
+				t.Fatalf("ending %s, clamped %+v; want completed, %+v", end.Status, end.State.MaxTokensClamped, tt.clamped)
+			}
+			if got := h.jobs.record(rec.Job.ID).Job.Request.MaxTokens; got != 64_000 {
+				t.Errorf("the stored request now asks %d max_tokens, want the caller's 64000", got)
 			}
 		})
 	}

@@ -339,6 +339,7 @@ type fakeClient struct {
 	mu       sync.Mutex
 	script   []func(ctx context.Context) (*llm.Result, error)
 	calls    []string // "<api key> <model>"
+	sent     []int    // each call's max_tokens
 	called   chan string
 }
 
@@ -348,6 +349,7 @@ func (c *fakeClient) Complete(ctx context.Context, cred llm.Credential, req *llm
 	call := cred.APIKey.Reveal() + " " + req.Model
 	c.mu.Lock()
 	c.calls = append(c.calls, call)
+	c.sent = append(c.sent, req.MaxTokens)
 	var reply func(context.Context) (*llm.Result, error)
 	if len(c.script) > 0 {
 		reply, c.script = c.script[0], c.script[1:]
@@ -373,6 +375,12 @@ func (c *fakeClient) callList() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return slices.Clone(c.calls)
+}
+
+func (c *fakeClient) maxTokensSent() []int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.sent)
 }
 
 func answer(text string) *llm.Result {

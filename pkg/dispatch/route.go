@@ -87,6 +87,9 @@ type outcome struct {
 	resp  *llm.Response
 	route llm.Route
 	keyID string
+	// clamped is set when resp's call was sent with fewer max_tokens than
+	// the request asked (clampMaxTokens).
+	clamped *job.Clamp
 	// permanent is a caller fault: fail the request with code.
 	permanent error
 	code      job.Code
@@ -219,6 +222,7 @@ func (d *Dispatcher) callRoute(ctx context.Context, rec *job.Record, r llm.Route
 	log *slog.Logger) (outcome, routeResult) {
 	client := d.cfg.Clients[r.Provider]
 	req.Model = d.cfg.ModelName(r)
+	clamped := d.clampMaxTokens(&req, r)
 	// Split: an Anthropic key meters the prompt and max_tokens apart.
 	est := llm.EstimateRequest(&req)
 	var lastErr error
@@ -257,7 +261,7 @@ func (d *Dispatcher) callRoute(ctx context.Context, rec *job.Record, r llm.Route
 				log.Warn("dispatch: settle key", "key_id", lease.KeyID, "err", err)
 			}
 			_ = permit.Done(ctx, breaker.Success)
-			return outcome{resp: res.Response, route: r, keyID: lease.KeyID}, routeOK
+			return outcome{resp: res.Response, route: r, keyID: lease.KeyID, clamped: clamped}, routeOK
 		}
 		if ctx.Err() != nil {
 			_ = d.pool.Release(context.WithoutCancel(ctx), lease)
@@ -284,6 +288,25 @@ func (d *Dispatcher) callRoute(ctx context.Context, rec *job.Record, r llm.Route
 		}
 	}
 	return outcome{transient: lastErr}, routeTransient
+}
+
+// clampMaxTokens lowers req's max_tokens to what route r's model accepts
+// and reports the change, nil when there was none. Intake refused a
+// request above its own route's limit, so only another route (a
+// fallback, a routing rule's route first) with a smaller model clamps:
+// sending more would be a 400, the request failing for a limit its
+// caller never chose.
+func (d *Dispatcher) clampMaxTokens(req *llm.Request, r llm.Route) *job.Clamp {
+	if d.cfg.OutputLimit == nil {
+		return nil
+	}
+	limit := d.cfg.OutputLimit(r)
+	if limit <= 0 || req.MaxTokens <= limit {
+		return nil
+	}
+	c := &job.Clamp{From: req.MaxTokens, To: limit}
+	req.MaxTokens = limit
+	return c
 }
 
 // callKey makes the call on lease's key, streamed (stream.go) when rec

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -43,7 +44,16 @@ import (
 //
 // Answers carry X-Bulwark-Request-Id, X-Bulwark-Provider,
 // X-Bulwark-Model-Tier and X-Bulwark-Cache (none|exact|semantic|coalesced):
-// which provider answered is visible only to a caller who looks.
+// which provider answered is visible only to a caller who looks. An
+// answer from a route whose model gives fewer output tokens than the call
+// asked (a fallback) also carries X-Bulwark-Max-Tokens-Clamped:
+// "64000->16384", the max_tokens asked and the one sent.
+//
+// max_tokens is checked against the asked route's model (its tier's
+// max_output_tokens): above it, the call is refused as that dialect's
+// provider refuses it. An OpenAI call without max_tokens gets the model's
+// maximum, as OpenAI does; an Anthropic call must give it, as Anthropic
+// requires.
 
 // dialect is one compat API's wire format.
 type dialect struct {
@@ -52,7 +62,13 @@ type dialect struct {
 	// provider answered.
 	idPrefix string
 	decode   func(body []byte) (answering, *llm.Request, error)
-	encode   func(resp *llm.Response, model string) ([]byte, error)
+	// modelMaxTokens gives a call without max_tokens its model's maximum
+	// (intake.Submission.ModelMaxTokens).
+	modelMaxTokens bool
+	// tooManyTokens is the provider's own 400 for a max_tokens above the
+	// model's maximum.
+	tooManyTokens func(a answering, e *intake.OutputLimitError) []byte
+	encode        func(resp *llm.Response, model string) ([]byte, error)
 	// stream starts writing answer id as the dialect's event stream.
 	stream func(w io.Writer, id string, a answering) streamWriter
 	error  func(status int, code, msg string) []byte
@@ -89,6 +105,8 @@ type answering struct {
 	model  string
 	stream bool
 	usage  bool
+	// maxTokensParam is the field max_tokens came in (OpenAI has two).
+	maxTokensParam string
 }
 
 var openAIDialect = dialect{
@@ -99,7 +117,12 @@ var openAIDialect = dialect{
 		if err != nil {
 			return answering{}, nil, err
 		}
-		return answering{model: info.Model, stream: info.Stream, usage: info.IncludeUsage}, req, nil
+		return answering{model: info.Model, stream: info.Stream, usage: info.IncludeUsage,
+			maxTokensParam: cmp.Or(info.MaxTokensParam, "max_tokens")}, req, nil
+	},
+	modelMaxTokens: true,
+	tooManyTokens: func(a answering, e *intake.OutputLimitError) []byte {
+		return openai.EncodeMaxTokensError(a.maxTokensParam, e.Asked, e.Limit)
 	},
 	encode: openai.EncodeResponse,
 	stream: func(w io.Writer, id string, a answering) streamWriter {
@@ -117,6 +140,9 @@ var anthropicDialect = dialect{
 			return answering{}, nil, err
 		}
 		return answering{model: info.Model, stream: info.Stream}, req, nil
+	},
+	tooManyTokens: func(a answering, e *intake.OutputLimitError) []byte {
+		return anthropic.EncodeMaxTokensError(e.Asked, e.Limit, a.model)
 	},
 	encode: anthropic.EncodeResponse,
 	stream: func(w io.Writer, id string, a answering) streamWriter {
@@ -161,15 +187,25 @@ func (d dialect) failStream(w gin.ResponseWriter, status int, code, msg string) 
 	w.Flush()
 }
 
-func (s *Server) compat(c *gin.Context, d dialect) {
+// readBody reads a compat request's body, answering in d's dialect when
+// it cannot (too large, broken off).
+func (s *Server) readBody(c *gin.Context, d dialect) ([]byte, bool) {
 	body, err := io.ReadAll(c.Request.Body)
-	if err != nil {
-		if isBodyTooLarge(err) {
-			d.fail(c, http.StatusRequestEntityTooLarge, "body_too_large",
-				fmt.Sprintf("request body exceeds the limit of %d bytes", s.cfg.MaxBodyBytes))
-			return
-		}
+	switch {
+	case isBodyTooLarge(err):
+		d.fail(c, http.StatusRequestEntityTooLarge, "body_too_large",
+			fmt.Sprintf("request body exceeds the limit of %d bytes", s.cfg.MaxBodyBytes))
+		return nil, false
+	case err != nil:
 		d.fail(c, http.StatusBadRequest, "invalid_body", "could not read the request body")
+		return nil, false
+	}
+	return body, true
+}
+
+func (s *Server) compat(c *gin.Context, d dialect) {
+	body, ok := s.readBody(c, d)
+	if !ok {
 		return
 	}
 	if err := checkUTF8(body); err != nil {
@@ -188,7 +224,7 @@ func (s *Server) compat(c *gin.Context, d dialect) {
 		return
 	}
 	sub, err := compatSubmission(c, route, req)
-	sub.Stream = ans.stream
+	sub.Stream, sub.ModelMaxTokens = ans.stream, d.modelMaxTokens
 	if err != nil {
 		d.fail(c, http.StatusBadRequest, "invalid_header", err.Error())
 		return
@@ -205,7 +241,7 @@ func (s *Server) compat(c *gin.Context, d dialect) {
 	ctx := c.Request.Context()
 	a, err := s.d.Intake.Submit(ctx, t, sub)
 	if err != nil {
-		s.compatSubmitError(c, d, err)
+		s.compatSubmitError(c, d, ans, err)
 		return
 	}
 	c.Set(ctxRequestID, a.ID)
@@ -322,8 +358,14 @@ func compatSubmission(c *gin.Context, route llm.Route, req *llm.Request) (intake
 	return sub, nil
 }
 
-// compatSubmitError answers a refused compat submission in d's dialect.
-func (s *Server) compatSubmitError(c *gin.Context, d dialect, err error) {
+// compatSubmitError answers a refused compat submission in d's dialect; a
+// max_tokens above the model's maximum as the dialect's provider words it.
+func (s *Server) compatSubmitError(c *gin.Context, d dialect, ans answering, err error) {
+	if e, ok := errors.AsType[*intake.OutputLimitError](err); ok {
+		c.Data(http.StatusBadRequest, "application/json", d.tooManyTokens(ans, e))
+		c.Abort()
+		return
+	}
 	r := s.reject(c, err)
 	if r.status == http.StatusUnprocessableEntity {
 		r.status = http.StatusBadRequest // both SDKs treat 400 as the caller's fault
@@ -351,7 +393,8 @@ func (s *Server) await(ctx context.Context, a *intake.Accepted) (*job.Record, er
 // sw as the worker streams them (pkg/dispatch, stream.go), from the first
 // for a caller that joins late. Which provider answered and whether the
 // cache did are then sent as trailers (X-Bulwark-Provider,
-// X-Bulwark-Model-Tier, X-Bulwark-Cache), the headers being gone.
+// X-Bulwark-Model-Tier, X-Bulwark-Cache, X-Bulwark-Max-Tokens-Clamped),
+// the headers being gone.
 //
 // Each write has WriteTimeout to go out (writeDeadlines): a caller that
 // reads slower than that is dropped (the worker never waits for it;
@@ -359,7 +402,7 @@ func (s *Server) await(ctx context.Context, a *intake.Accepted) (*job.Record, er
 // events, which job.MaxEvents bounds).
 func (s *Server) awaitStreaming(c *gin.Context, a *intake.Accepted, sw streamWriter) (*job.Record, error) {
 	w := c.Writer
-	w.Header().Set("Trailer", "X-Bulwark-Provider, X-Bulwark-Model-Tier, X-Bulwark-Cache")
+	w.Header().Set("Trailer", "X-Bulwark-Provider, X-Bulwark-Model-Tier, X-Bulwark-Cache, X-Bulwark-Max-Tokens-Clamped")
 	startSSE(w)
 	w.Flush()
 	keepAlive := func() error {
@@ -439,6 +482,9 @@ func (s *Server) compatAnswer(c *gin.Context, d dialect, rec *job.Record, ans an
 		c.Header("X-Bulwark-Model-Tier", st.ServedRoute.Tier)
 	}
 	c.Header("X-Bulwark-Cache", string(st.Cached.OrNone()))
+	if st.MaxTokensClamped != nil {
+		c.Header("X-Bulwark-Max-Tokens-Clamped", st.MaxTokensClamped.String())
+	}
 	resp := *st.Result
 	resp.ID = d.idPrefix + rec.Job.ID
 	if sw != nil {

@@ -161,7 +161,7 @@ func TestCompatBadInput(t *testing.T) {
 		{"bad cache header", "/v1/chat/completions", chatBody, []string{"X-Bulwark-Cache", "sometimes"}, 400, "invalid_header"},
 		{"bad priority header", "/v1/chat/completions", chatBody, []string{"X-Bulwark-Priority", "urgent"}, 400, "invalid_header"},
 		{"malformed", "/v1/chat/completions", `{"model":`, nil, 400, "invalid_request"},
-		{"intake's 422 as a 400", "/v1/chat/completions", `{"model":"gpt-4o","max_tokens":9999,"messages":[{"role":"user","content":"q"}]}`, nil, 400, "invalid_request"},
+		{"intake's 422 as a 400", "/v1/chat/completions", `{"model":"gpt-4o","messages":[{"role":"assistant","content":"q"}]}`, nil, 400, "invalid_request"},
 	} {
 		r := s.do(t, "POST", tt.path, tokAcme, tt.body, tt.hdr...)
 		if e, _ := r.json(t)["error"].(map[string]any); r.code != tt.code || e["code"] != tt.errCode {

@@ -19,6 +19,7 @@ import (
 	"net"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -398,6 +399,16 @@ func (h memHistory) Get(_ context.Context, id string) (*history.Row, error) {
 }
 
 func (m memModels) Resolve(model string) (llm.Route, bool) { r, ok := m[model]; return r, ok }
+
+// List gives every name sonnet's limit in the fake intake (4096).
+func (m memModels) List() []llm.Model {
+	var out []llm.Model
+	for id, r := range m {
+		out = append(out, llm.Model{ID: id, Route: r, MaxOutputTokens: 4096})
+	}
+	slices.SortFunc(out, func(a, b llm.Model) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
 
 func (a *memAdmin) call(s string) {
 	a.mu.Lock()

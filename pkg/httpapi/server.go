@@ -80,6 +80,9 @@ type Pinger func(ctx context.Context) error
 // Models resolves a compat endpoint's model name to a route.
 type Models interface {
 	Resolve(model string) (llm.Route, bool)
+	// List returns every name Resolve accepts, sorted by ID (GET
+	// /v1/models); the caller does not change it.
+	List() []llm.Model
 }
 
 // Config configures the API.
@@ -254,6 +257,9 @@ func (s *Server) publicRoutes(r *gin.Engine) {
 	if s.d.Models != nil {
 		v1.POST("/chat/completions", s.openAIChat)
 		v1.POST("/messages", s.anthropicMessages)
+		v1.POST("/messages/count_tokens", s.countTokens)
+		v1.GET("/models", s.listModels)
+		v1.GET("/models/:id", s.getModel)
 	}
 }
 
@@ -341,8 +347,10 @@ func routeError(c *gin.Context, status int, code, msg string) {
 	switch c.FullPath() {
 	case "/v1/chat/completions":
 		openAIError(c, status, code, msg)
-	case "/v1/messages":
+	case "/v1/messages", "/v1/messages/count_tokens":
 		anthropicError(c, status, code, msg)
+	case "/v1/models", "/v1/models/:id":
+		modelsError(c, status, code, msg)
 	default:
 		apiError(c, status, code, "", msg)
 	}

@@ -12,8 +12,10 @@ import (
 // Defaults of Config; pkg/config uses these, so each is written once.
 const (
 	MaxPromptCharsDefault   = 200_000
-	MaxTokensLimitDefault   = 32_000
 	DefaultMaxTokensDefault = 1024
+	// OutputLimitDefault is the max_tokens limit of a route OutputLimits
+	// does not name.
+	OutputLimitDefault = 32_000
 )
 
 // Config configures intake.
@@ -28,10 +30,18 @@ type Config struct {
 	// MaxPromptChars caps a request's system prompt plus message text.
 	// Default MaxPromptCharsDefault.
 	MaxPromptChars int
-	// MaxTokensLimit caps max_tokens. Default MaxTokensLimitDefault.
+	// OutputLimits is each route's most max_tokens, its model's maximum
+	// output (config: providers.*.tiers.*.max_output_tokens); a route it
+	// does not name has OutputLimitDefault. A request above its route's
+	// limit is refused (OutputLimitError).
+	OutputLimits map[llm.Route]int
+	// MaxTokensLimit, when above 0, caps max_tokens on every route below
+	// its own limit: an operator's ceiling. Default 0: none.
 	MaxTokensLimit int
-	// DefaultMaxTokens is a request's max_tokens when it gives none; at
-	// most MaxTokensLimit. Default DefaultMaxTokensDefault.
+	// DefaultMaxTokens is a request's max_tokens when it gives none
+	// (unless Submission.ModelMaxTokens), lowered to its route's limit; at
+	// most MaxTokensLimit when that is set. Default DefaultMaxTokensDefault,
+	// or MaxTokensLimit when that is lower.
 	DefaultMaxTokens int
 	// Layers are the cache layers a request may name (nil: any), and
 	// DefaultLayer the one it gets when it names none, which must be one of
@@ -53,11 +63,11 @@ func (c Config) WithDefaults() Config {
 	if c.MaxPromptChars == 0 {
 		c.MaxPromptChars = MaxPromptCharsDefault
 	}
-	if c.MaxTokensLimit == 0 {
-		c.MaxTokensLimit = MaxTokensLimitDefault
-	}
 	if c.DefaultMaxTokens == 0 {
-		c.DefaultMaxTokens = min(DefaultMaxTokensDefault, c.MaxTokensLimit)
+		c.DefaultMaxTokens = DefaultMaxTokensDefault
+		if c.MaxTokensLimit > 0 {
+			c.DefaultMaxTokens = min(c.DefaultMaxTokens, c.MaxTokensLimit)
+		}
 	}
 	if c.DefaultLayer == "" {
 		c.DefaultLayer = cache.DefaultLayerDefault
@@ -72,12 +82,32 @@ func (c Config) Validate() error {
 		return fmt.Errorf("intake: MaxWait must be > 0, got %s", c.MaxWait)
 	case c.MaxPromptChars <= 0:
 		return fmt.Errorf("intake: MaxPromptChars must be > 0, got %d", c.MaxPromptChars)
-	case c.MaxTokensLimit <= 0:
-		return fmt.Errorf("intake: MaxTokensLimit must be > 0, got %d", c.MaxTokensLimit)
-	case c.DefaultMaxTokens <= 0 || c.DefaultMaxTokens > c.MaxTokensLimit:
+	case c.MaxTokensLimit < 0:
+		return fmt.Errorf("intake: MaxTokensLimit must be >= 0 (0: none), got %d", c.MaxTokensLimit)
+	case c.DefaultMaxTokens <= 0:
+		return fmt.Errorf("intake: DefaultMaxTokens must be > 0, got %d", c.DefaultMaxTokens)
+	case c.MaxTokensLimit > 0 && c.DefaultMaxTokens > c.MaxTokensLimit:
 		return fmt.Errorf("intake: DefaultMaxTokens must be in [1, MaxTokensLimit (%d)], got %d", c.MaxTokensLimit, c.DefaultMaxTokens)
 	case c.Layers != nil && !c.Layers[c.DefaultLayer]:
 		return fmt.Errorf("intake: DefaultLayer %q is not one of Layers", c.DefaultLayer)
 	}
+	for r, n := range c.OutputLimits {
+		if n <= 0 {
+			return fmt.Errorf("intake: OutputLimits[%s] must be > 0, got %d", r, n)
+		}
+	}
 	return nil
+}
+
+// OutputLimit is route r's most max_tokens: its own limit, under
+// MaxTokensLimit when that is set.
+func (c Config) OutputLimit(r llm.Route) int {
+	n, ok := c.OutputLimits[r]
+	if !ok {
+		n = OutputLimitDefault
+	}
+	if c.MaxTokensLimit > 0 {
+		n = min(n, c.MaxTokensLimit)
+	}
+	return n
 }

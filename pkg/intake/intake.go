@@ -62,6 +62,10 @@ type Submission struct {
 	// Stream asks for the answer's deltas as the provider writes them
 	// (job.Job.Stream): a streaming compat call, stream on the async API.
 	Stream bool
+	// ModelMaxTokens gives a request without max_tokens its route's limit
+	// (Config.OutputLimit) instead of Config.DefaultMaxTokens: OpenAI's
+	// Chat Completions, where none means the model's maximum.
+	ModelMaxTokens bool
 }
 
 // answeredInResponse reports whether the caller takes the answer in its

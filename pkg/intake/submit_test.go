@@ -347,3 +347,76 @@ func TestCancel(t *testing.T) {
 		t.Fatalf("an ended request's task cancelled again: %v", cancelled)
 	}
 }
+
+// Each route has its own max_tokens limit: up to it a request is
+// accepted, above it refused with an OutputLimitError naming both
+// numbers; a request without max_tokens gets the default, or its route's
+// limit when it asks for the model's maximum (OpenAI's Chat Completions);
+// the operator's ceiling lowers every route.
+func TestSubmitOutputLimits(t *testing.T) {
+	t.Parallel()
+	limits := func(ceiling int) func(*intake.Config) {
+		return func(c *intake.Config) {
+			c.OutputLimits = map[llm.Route]int{sonnet: 64_000, gpt4o: 16_384}
+			c.MaxTokensLimit = ceiling
+		}
+	}
+	for _, tt := range []struct {
+		name     string
+		ceiling  int
+		route    llm.Route
+		asked    int
+		modelMax bool
+		want     int // stored max_tokens; 0: refused
+		limit    int // the refusal's limit
+	}{
+		{"sonnet at its limit", 0, sonnet, 64_000, false, 64_000, 0},
+		{"sonnet above it", 0, sonnet, 64_001, false, 0, 64_000},
+		{"gpt-4o above its own", 0, gpt4o, 16_385, false, 0, 16_384},
+		{"a route without a limit of its own", 0, haiku, intake.OutputLimitDefault + 1, false, 0, intake.OutputLimitDefault},
+		{"none asked: the default", 0, sonnet, 0, false, 1024, 0},
+		{"none asked: the model's maximum", 0, gpt4o, 0, true, 16_384, 0},
+		{"under the operator's ceiling", 32_000, sonnet, 32_001, false, 0, 32_000},
+		{"the model's maximum under the ceiling", 32_000, sonnet, 0, true, 32_000, 0},
+	} {
+		r := newRig(limits(tt.ceiling))
+		s := ask("q")
+		s.Route, s.Request.MaxTokens, s.ModelMaxTokens = tt.route, tt.asked, tt.modelMax
+		a, err := r.in.Submit(context.Background(), demo, s)
+		if tt.want == 0 {
+			ole, ok := errors.AsType[*intake.OutputLimitError](err)
+			if !ok || !errors.Is(err, intake.ErrInput) || ole.Asked != tt.asked || ole.Limit != tt.limit || ole.Route != tt.route {
+				t.Errorf("%s: err %v, want an OutputLimitError %d > %d", tt.name, err, tt.asked, tt.limit)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", tt.name, err)
+			continue
+		}
+		if got := r.jobs.record(t, a.ID).Job.Request.MaxTokens; got != tt.want {
+			t.Errorf("%s: stored max_tokens %d, want %d", tt.name, got, tt.want)
+		}
+	}
+}
+
+// InputTokens validates like Submit and estimates the prompt as the key
+// pool does, storing and enqueueing nothing.
+func TestInputTokens(t *testing.T) {
+	t.Parallel()
+	r := newRig(nil)
+	s := ask(strings.Repeat("word ", 40)) // 200 bytes: 50 tokens
+	s.Request.System = "be brief"         // 8 bytes: 2 tokens
+	n, err := r.in.InputTokens(s)
+	if err != nil || n != 52 {
+		t.Fatalf("InputTokens = %d, %v; want 52", n, err)
+	}
+	bad := ask("q")
+	bad.Request.Messages[0].Role = "system"
+	if _, err := r.in.InputTokens(bad); !errors.Is(err, intake.ErrInput) {
+		t.Errorf("a bad role: %v, want an input error", err)
+	}
+	if enq, _ := r.queue.tasks(); r.jobs.count() != 0 || len(enq) != 0 {
+		t.Errorf("stored %d, enqueued %d", r.jobs.count(), len(enq))
+	}
+}

@@ -21,12 +21,30 @@ import (
 )
 
 // InputError is bad input: Status is the HTTP status to answer (400, 404,
-// 413, 422) and Field names what is wrong.
+// 413, 422) and Field names what is wrong. Cause, when set, is a typed
+// error with the details (OutputLimitError).
 type InputError struct {
 	Status  int
 	Code    string
 	Field   string
 	Message string
+	Cause   error
+}
+
+// Unwrap returns Cause.
+func (e *InputError) Unwrap() error { return e.Cause }
+
+// OutputLimitError is the cause of the InputError of a request whose
+// max_tokens is above its route's limit (Config.OutputLimit): the compat
+// endpoints answer it in the words of the provider they speak for.
+type OutputLimitError struct {
+	Route llm.Route
+	// Asked is the request's max_tokens, Limit the route's.
+	Asked, Limit int
+}
+
+func (e *OutputLimitError) Error() string {
+	return fmt.Sprintf("max_tokens: %d is above %d, the most %s gives", e.Asked, e.Limit, e.Route)
 }
 
 func (e *InputError) Error() string {
@@ -108,61 +126,9 @@ func nulIn(v any) bool {
 }
 
 func (in *Intake) build(t Tenant, s Submission) (*job.Job, error) {
-	if !in.cfg.Routes[s.Route] {
-		return nil, &InputError{Status: http.StatusNotFound, Code: "unknown_model", Field: "model_tier",
-			Message: fmt.Sprintf("no such provider/tier %q", s.Route.String())}
-	}
-	req := s.Request
-	if len(req.Messages) == 0 {
-		return nil, invalid("messages", "at least one message is required")
-	}
-	chars := len(req.System)
-	if hasNUL(req) { // one encoding of the request; nulField names where
-		return nil, nul(nulField(req))
-	}
-	for i, m := range req.Messages {
-		if m.Role != llm.RoleUser && m.Role != llm.RoleAssistant {
-			return nil, invalid(fmt.Sprintf("messages[%d].role", i), "must be user or assistant, not %q", m.Role)
-		}
-		if len(m.Content) == 0 {
-			return nil, invalid(fmt.Sprintf("messages[%d].content", i), "must not be empty")
-		}
-		for k, b := range m.Content {
-			chars += len(b.Text) + len(b.Input)
-			switch b.Type {
-			case llm.BlockText, llm.BlockToolUse, llm.BlockToolResult:
-			default:
-				return nil, invalid(fmt.Sprintf("messages[%d].content[%d].type", i, k), "must be text, tool_use or tool_result, not %q", b.Type)
-			}
-		}
-	}
-	if err := checkToolUse(req); err != nil {
+	req, err := in.check(s)
+	if err != nil {
 		return nil, err
-	}
-	// Everything else the request carries to the provider, and into its
-	// stored record, counts too: tool definitions can be as large as a
-	// prompt.
-	for _, tool := range req.Tools {
-		chars += len(tool.Name) + len(tool.Description) + len(tool.InputSchema)
-	}
-	for _, stop := range req.StopSequences {
-		chars += len(stop)
-	}
-	if req.Messages[len(req.Messages)-1].Role != llm.RoleUser {
-		return nil, invalid("messages", "the last message must come from the user")
-	}
-	if chars > in.cfg.MaxPromptChars {
-		return nil, &InputError{Status: http.StatusRequestEntityTooLarge, Code: "prompt_too_long", Field: "messages",
-			Message: fmt.Sprintf("prompt is %d characters (system, messages, tools and stop sequences), the limit is %d", chars, in.cfg.MaxPromptChars)}
-	}
-	if req.MaxTokens == 0 {
-		req.MaxTokens = in.cfg.DefaultMaxTokens
-	}
-	if req.MaxTokens < 0 || req.MaxTokens > in.cfg.MaxTokensLimit {
-		return nil, invalid("max_tokens", "must be between 1 and %d, got %d", in.cfg.MaxTokensLimit, req.MaxTokens)
-	}
-	if req.Temperature != nil && (*req.Temperature < 0 || *req.Temperature > 2) {
-		return nil, invalid("temperature", "must be between 0 and 2")
 	}
 	if err := checkLabels(s); err != nil {
 		return nil, err
@@ -202,6 +168,97 @@ func (in *Intake) build(t Tenant, s Submission) (*job.Job, error) {
 		j.JoinKey = joinKey(j) // a compat call without a key: join.go
 	}
 	return j, nil
+}
+
+// check validates what s asks of a provider and returns its request with
+// max_tokens settled: the default when it gives none, within its route's
+// limit.
+func (in *Intake) check(s Submission) (llm.Request, error) {
+	if !in.cfg.Routes[s.Route] {
+		return llm.Request{}, &InputError{Status: http.StatusNotFound, Code: "unknown_model", Field: "model_tier",
+			Message: fmt.Sprintf("no such provider/tier %q", s.Route.String())}
+	}
+	req := s.Request
+	if len(req.Messages) == 0 {
+		return llm.Request{}, invalid("messages", "at least one message is required")
+	}
+	chars := len(req.System)
+	if hasNUL(req) { // one encoding of the request; nulField names where
+		return llm.Request{}, nul(nulField(req))
+	}
+	for i, m := range req.Messages {
+		if m.Role != llm.RoleUser && m.Role != llm.RoleAssistant {
+			return llm.Request{}, invalid(fmt.Sprintf("messages[%d].role", i), "must be user or assistant, not %q", m.Role)
+		}
+		if len(m.Content) == 0 {
+			return llm.Request{}, invalid(fmt.Sprintf("messages[%d].content", i), "must not be empty")
+		}
+		for k, b := range m.Content {
+			chars += len(b.Text) + len(b.Input)
+			switch b.Type {
+			case llm.BlockText, llm.BlockToolUse, llm.BlockToolResult:
+			default:
+				return llm.Request{}, invalid(fmt.Sprintf("messages[%d].content[%d].type", i, k), "must be text, tool_use or tool_result, not %q", b.Type)
+			}
+		}
+	}
+	if err := checkToolUse(req); err != nil {
+		return llm.Request{}, err
+	}
+	// Everything else the request carries to the provider, and into its
+	// stored record, counts too: tool definitions can be as large as a
+	// prompt.
+	for _, tool := range req.Tools {
+		chars += len(tool.Name) + len(tool.Description) + len(tool.InputSchema)
+	}
+	for _, stop := range req.StopSequences {
+		chars += len(stop)
+	}
+	if req.Messages[len(req.Messages)-1].Role != llm.RoleUser {
+		return llm.Request{}, invalid("messages", "the last message must come from the user")
+	}
+	if chars > in.cfg.MaxPromptChars {
+		return llm.Request{}, &InputError{Status: http.StatusRequestEntityTooLarge, Code: "prompt_too_long", Field: "messages",
+			Message: fmt.Sprintf("prompt is %d characters (system, messages, tools and stop sequences), the limit is %d", chars, in.cfg.MaxPromptChars)}
+	}
+	if err := in.settleMaxTokens(&req, s); err != nil {
+		return llm.Request{}, err
+	}
+	if req.Temperature != nil && (*req.Temperature < 0 || *req.Temperature > 2) {
+		return llm.Request{}, invalid("temperature", "must be between 0 and 2")
+	}
+	return req, nil
+}
+
+// settleMaxTokens gives req, of submission s, its default max_tokens
+// when it has none, and refuses one outside its route's limit.
+func (in *Intake) settleMaxTokens(req *llm.Request, s Submission) error {
+	limit := in.cfg.OutputLimit(s.Route)
+	switch {
+	case req.MaxTokens == 0 && s.ModelMaxTokens:
+		req.MaxTokens = limit
+	case req.MaxTokens == 0:
+		req.MaxTokens = min(in.cfg.DefaultMaxTokens, limit)
+	case req.MaxTokens < 0:
+		return invalid("max_tokens", "must be between 1 and %d, got %d", limit, req.MaxTokens)
+	case req.MaxTokens > limit:
+		e := invalid("max_tokens", "must be between 1 and %d (the most %s gives), got %d", limit, s.Route, req.MaxTokens)
+		e.Cause = &OutputLimitError{Route: s.Route, Asked: req.MaxTokens, Limit: limit}
+		return e
+	}
+	return nil
+}
+
+// InputTokens validates s as Submit does, without submitting it, and
+// returns the estimate of its input tokens that the key pool meters
+// (llm.EstimateRequest: about four bytes a token): POST
+// /v1/messages/count_tokens. Bad input is the *InputError Submit returns.
+func (in *Intake) InputTokens(s Submission) (int, error) {
+	req, err := in.check(s)
+	if err != nil {
+		return 0, err
+	}
+	return llm.EstimateRequest(&req).Input, nil
 }
 
 // resolvePriority applies the tenant's default and ceiling: a tenant may

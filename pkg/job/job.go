@@ -23,6 +23,7 @@
 package job
 
 import (
+	"strconv"
 	"time"
 
 	"bulwark/pkg/compactjson"
@@ -185,7 +186,22 @@ type State struct {
 	// then on the caller holds part of an answer, and the request is not
 	// called again (CodeInterrupted) should its call break off.
 	Streamed bool `json:"streamed,omitempty"`
+	// MaxTokensClamped is set when the call that answered was sent with
+	// fewer max_tokens than the request asked: the route that answered (a
+	// fallback) has a smaller model. The compat endpoints say so in
+	// X-Bulwark-Max-Tokens-Clamped, the async API in the result.
+	MaxTokensClamped *Clamp `json:"max_tokens_clamped,omitempty"`
 }
+
+// Clamp is a max_tokens lowered for the route that answered: From the
+// request's, To its model's maximum.
+type Clamp struct {
+	From int `json:"from"`
+	To   int `json:"to"`
+}
+
+// String returns "from->to", the form of X-Bulwark-Max-Tokens-Clamped.
+func (c Clamp) String() string { return strconv.Itoa(c.From) + "->" + strconv.Itoa(c.To) }
 
 // Record is a request's whole live record.
 type Record struct {
@@ -268,6 +284,9 @@ type Result struct {
 	Similarity float64      `json:"similarity,omitempty"`
 	// CacheAgeSeconds is the age of the cache entry that answered.
 	CacheAgeSeconds float64 `json:"cache_age_seconds,omitempty"`
+	// MaxTokensClamped is set when the answer's call was sent with fewer
+	// max_tokens than asked (State.MaxTokensClamped).
+	MaxTokensClamped *Clamp `json:"max_tokens_clamped,omitempty"`
 }
 
 // ResultOf builds the caller's view of a finished request.
@@ -276,13 +295,14 @@ func ResultOf(st State) *Result {
 		return nil
 	}
 	r := &Result{
-		Content:         st.Result.Text(),
-		StopReason:      string(st.Result.StopReason),
-		Model:           st.Result.Model,
-		Usage:           st.Result.Usage,
-		Cached:          st.Cached.OrNone(),
-		Similarity:      st.Similarity,
-		CacheAgeSeconds: st.CacheAge.Seconds(),
+		Content:          st.Result.Text(),
+		StopReason:       string(st.Result.StopReason),
+		Model:            st.Result.Model,
+		Usage:            st.Result.Usage,
+		Cached:           st.Cached.OrNone(),
+		Similarity:       st.Similarity,
+		CacheAgeSeconds:  st.CacheAge.Seconds(),
+		MaxTokensClamped: st.MaxTokensClamped,
 	}
 	for _, b := range st.Result.Content {
 		if b.Type != llm.BlockText {

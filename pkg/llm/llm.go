@@ -72,6 +72,18 @@ type Route struct {
 // String returns "provider/tier".
 func (r Route) String() string { return string(r.Provider) + "/" + r.Tier }
 
+// Model is a model name a caller may ask for on the compat endpoints
+// (GET /v1/models lists them): an alias, a tier's concrete model name or
+// "provider/tier".
+type Model struct {
+	// ID is the name as the caller sends it.
+	ID string
+	// Route is what it stands for.
+	Route Route
+	// MaxOutputTokens is the most max_tokens a request for it may ask.
+	MaxOutputTokens int
+}
+
 // Role of a message author.
 type Role string
 

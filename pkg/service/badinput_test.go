@@ -120,8 +120,8 @@ func TestBadInput(t *testing.T) {
 		{name: "priority out of range", path: async, auth: dev, body: req(`"priority":5,`), status: 422, msg: "invalid priority 5: want 1-4", field: "priority"},
 		// Asking above the tenant's max_priority runs at it (README): not an error.
 		{name: "priority above the tenant's max", path: async, auth: capped, body: req(`"priority":"critical",`), status: 202, msg: `"status":"queued"`},
-		{name: "max_tokens above the limit", path: async, auth: dev, body: req(`"max_tokens":32001,`), status: 422, msg: "must be between 1 and 32000, got 32001", field: "max_tokens"},
-		{name: "negative max_tokens", path: async, auth: dev, body: req(`"max_tokens":-1,`), status: 422, msg: "must be between 1 and 32000, got -1", field: "max_tokens"},
+		{name: "max_tokens above the limit", path: async, auth: dev, body: req(`"max_tokens":64001,`), status: 422, msg: "must be between 1 and 64000 (the most claude/sonnet gives), got 64001", field: "max_tokens"},
+		{name: "negative max_tokens", path: async, auth: dev, body: req(`"max_tokens":-1,`), status: 422, msg: "must be between 1 and 64000, got -1", field: "max_tokens"},
 		{name: "temperature out of range", path: async, auth: dev, body: req(`"temperature":2.5,`), status: 422, msg: "must be between 0 and 2", field: "temperature"},
 		{name: "unknown cache layer", path: async, auth: dev, body: req(`"cache_layer":"l2",`), status: 422, msg: `unknown cache layer "l2"`, field: "cache_layer"},
 		{name: "case_id too long", path: async, auth: dev, body: req(`"case_id":"` + strings.Repeat("c", 129) + `",`), status: 422, msg: "at most 128 bytes, got 129", field: "case_id"},
@@ -153,7 +153,7 @@ func TestBadInput(t *testing.T) {
 		{name: "openai: n above 1", path: openai, auth: dev, body: oai(`"n":2,`), status: 400, msg: "n: only 1 is supported, got 2"},
 		{name: "openai: image part", path: openai, auth: dev, body: `{"model":"gpt-4o","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]}`, status: 400, msg: `messages[0].content[0].type: "image_url" is not supported`},
 		{name: "openai: NUL in content", path: openai, auth: dev, body: `{"model":"gpt-4o","messages":[{"role":"user","content":"a\u0000"}]}`, status: 400, msg: "must not contain a NUL character"},
-		{name: "openai: max_tokens above the limit", path: openai, auth: dev, body: oai(`"max_tokens":40000,`), status: 400, msg: "max_tokens: must be between 1 and 32000, got 40000"},
+		{name: "openai: max_tokens above the limit", path: openai, auth: dev, body: oai(`"max_tokens":40000,`), status: 400, msg: "max_tokens is too large: 40000. This model supports at most 16384 completion tokens, whereas you provided 40000."},
 		{name: "openai: invalid X-Bulwark-Priority", path: openai, auth: dev, hdr: []string{"X-Bulwark-Priority", "urgent"}, body: oai(""), status: 400, msg: `X-Bulwark-Priority: invalid priority "urgent"`},
 		{name: "openai: invalid X-Bulwark-Cache", path: openai, auth: dev, hdr: []string{"X-Bulwark-Cache", "sometimes"}, body: oai(""), status: 400, msg: "X-Bulwark-Cache: want bypass, no-store or no-read"},
 		{name: "openai: X-Bulwark-Case-Id too long", path: openai, auth: dev, hdr: []string{"X-Bulwark-Case-Id", strings.Repeat("c", 129)}, body: oai(""), status: 400, msg: "case_id: at most 128 bytes"},
@@ -169,6 +169,13 @@ func TestBadInput(t *testing.T) {
 		{name: "anthropic: Idempotency-Key too long", path: anthro, auth: anth, hdr: []string{"Idempotency-Key", strings.Repeat("k", 256)}, body: ant(""), status: 400, msg: "Idempotency-Key: at most 255 bytes"},
 		{name: "anthropic: body over the limit", path: anthro, auth: anth, body: ant(`"system":"` + big + `",`), chunked: true, status: 413, msg: "request body exceeds the limit of 1048576 bytes"},
 		{name: "anthropic: unknown token", path: anthro, auth: "x-api-key:nobody", body: ant(""), status: 401, msg: "invalid client token"},
+		{name: "anthropic: max_tokens above the model's", path: anthro, auth: anth, body: `{"model":"claude-sonnet","max_tokens":64001,"messages":[{"role":"user","content":"x"}]}`, status: 400, msg: "max_tokens: 64001 > 64000, which is the maximum allowed number of output tokens for claude-sonnet"},
+
+		// Anthropic's token count: the refusals of /v1/messages.
+		{name: "count_tokens: malformed JSON", path: "/v1/messages/count_tokens", auth: anth, body: `{"model":`, status: 400, msg: "invalid JSON at byte"},
+		{name: "count_tokens: unknown model", path: "/v1/messages/count_tokens", auth: anth, body: `{"model":"claude-opus-9","messages":[{"role":"user","content":"x"}]}`, status: 404, msg: `unknown model "claude-opus-9"`},
+		{name: "count_tokens: last from the assistant", path: "/v1/messages/count_tokens", auth: anth, body: `{"model":"claude-sonnet","messages":[{"role":"assistant","content":"x"}]}`, status: 400, msg: "messages: the last message must come from the user"},
+		{name: "count_tokens: unknown token", path: "/v1/messages/count_tokens", auth: "x-api-key:nobody", body: `{"model":"claude-sonnet","messages":[{"role":"user","content":"x"}]}`, status: 401, msg: "invalid client token"},
 
 		// The admin endpoints.
 		{name: "admin: no token", path: "/admin/breakers/all/reset", body: "{}", status: 401, msg: "admin token required"},

@@ -168,6 +168,31 @@ func TestOpenAPIAgainstRealAnswers(t *testing.T) {
 	d.do(t, "POST /v1/messages", u+"/v1/messages", map[string]any{"model": "claude-sonnet", "messages": []map[string]any{{"role": "user", "content": "x"}}}, key...).want(t, 400)
 	d.do(t, "POST /v1/messages", u+"/v1/messages", msg("x", nil)).want(t, 401)
 
+	// Model names, in each dialect (Anthropic's when anthropic-version is
+	// sent), and Anthropic's token count.
+	anV := append(slices.Clone(key), "anthropic-version", "2023-06-01")
+	d.do(t, "GET /v1/models", u+"/v1/models", nil, tenant...).want(t, 200)
+	d.do(t, "GET /v1/models", u+"/v1/models?limit=2", nil, anV...).want(t, 200)
+	d.do(t, "GET /v1/models", u+"/v1/models?limit=0", nil, anV...).want(t, 400)
+	d.do(t, "GET /v1/models", u+"/v1/models", nil).want(t, 401)
+	d.do(t, "GET /v1/models", u+"/v1/models", nil, "anthropic-version", "2023-06-01").want(t, 401)
+	d.do(t, "GET /v1/models/{id}", u+"/v1/models/claude%2Fsonnet", nil, tenant...).want(t, 200)
+	d.do(t, "GET /v1/models/{id}", u+"/v1/models/gpt-4o", nil, anV...).want(t, 200)
+	d.do(t, "GET /v1/models/{id}", u+"/v1/models/gpt-9", nil, tenant...).want(t, 404)
+	d.do(t, "GET /v1/models/{id}", u+"/v1/models/gpt-9", nil, anV...).want(t, 404)
+	d.do(t, "GET /v1/models/{id}", u+"/v1/models/gpt-4o", nil).want(t, 401)
+	count := func(model, lastRole string) map[string]any {
+		return map[string]any{"model": model, "system": "be brief", "messages": []map[string]any{{"role": lastRole, "content": "how many?"}}}
+	}
+	d.do(t, "POST /v1/messages/count_tokens", u+"/v1/messages/count_tokens", count("claude-sonnet", "user"), anV...).want(t, 200)
+	d.do(t, "POST /v1/messages/count_tokens", u+"/v1/messages/count_tokens", count("claude-sonnet", "assistant"), anV...).want(t, 400)
+	d.do(t, "POST /v1/messages/count_tokens", u+"/v1/messages/count_tokens", count("claude-opus-9", "user"), anV...).want(t, 404)
+	d.do(t, "POST /v1/messages/count_tokens", u+"/v1/messages/count_tokens", strings.Repeat("x", 2<<20), anV...).want(t, 413)
+	d.do(t, "POST /v1/messages/count_tokens", u+"/v1/messages/count_tokens", count("claude-sonnet", "user")).want(t, 401)
+	// Above the model's maximum: each provider's own 400.
+	d.do(t, "POST /v1/messages", u+"/v1/messages", msg("x", map[string]any{"max_tokens": 64_001}), key...).want(t, 400)
+	d.do(t, "POST /v1/chat/completions", u+"/v1/chat/completions", chat("x", map[string]any{"max_tokens": 16_385}), tenant...).want(t, 400)
+
 	// Admin: reads, writes and their refusals.
 	d.do(t, "GET /admin/keys", u+"/admin/keys", nil, admin...).want(t, 200)
 	d.do(t, "GET /admin/keys", u+"/admin/keys", nil, tenant...).want(t, 401)
@@ -198,11 +223,15 @@ func TestOpenAPIAgainstRealAnswers(t *testing.T) {
 	}
 	fb := ask("openapi: fall back")
 	fb["cache_read"] = false
+	fb["max_tokens"] = 64_000 // above gpt-4o's: the result says it was clamped
 	id = d.do(t, "POST /v1/requests", u+"/v1/requests", fb, tenant...).want(t, 202).str(t, "id")
 	evs = d.stream(t, "GET /v1/requests/{id}/events", u+"/v1/requests/"+id+"/events", tenant...)
 	d.next(t, evs, "fallback")
 	d.next(t, evs, "completed")
 	d.drain(t, evs)
+	if x := d.do(t, "GET /v1/requests/{id}", u+"/v1/requests/"+id, nil, tenant...).want(t, 200); !strings.Contains(string(x.raw), `"max_tokens_clamped":{"from":64000,"to":16384}`) {
+		t.Errorf("a clamped fallback's result: %s", x.raw)
+	}
 	s.mock.ClearFaults()
 
 	d.everyOperationCalled(t)

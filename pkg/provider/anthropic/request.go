@@ -52,6 +52,19 @@ var handledFields = []string{
 // cannot carry them. The error names the offending field and is meant for a
 // 400 answer.
 func DecodeRequest(body []byte) (*RequestInfo, *llm.Request, error) {
+	return decodeRequest(body, true)
+}
+
+// DecodeCountTokensRequest parses a token-counting request body (POST
+// /v1/messages/count_tokens): a Messages request without max_tokens, as
+// Anthropic's count_tokens takes it; the request's MaxTokens is 0 unless
+// the body gives one anyway.
+func DecodeCountTokensRequest(body []byte) (*RequestInfo, *llm.Request, error) {
+	return decodeRequest(body, false)
+}
+
+// decodeRequest is DecodeRequest, requiring max_tokens when needMaxTokens.
+func decodeRequest(body []byte, needMaxTokens bool) (*RequestInfo, *llm.Request, error) {
 	var w wireRequest
 	if err := wirejson.Unmarshal(body, &w); err != nil {
 		return nil, nil, err
@@ -66,10 +79,10 @@ func DecodeRequest(body []byte) (*RequestInfo, *llm.Request, error) {
 	if w.Model == "" {
 		return nil, nil, errors.New("model: required")
 	}
-	if w.MaxTokens == nil {
+	if w.MaxTokens == nil && needMaxTokens {
 		return nil, nil, errors.New("max_tokens: required")
 	}
-	if *w.MaxTokens < 1 {
+	if w.MaxTokens != nil && *w.MaxTokens < 1 {
 		return nil, nil, fmt.Errorf("max_tokens: must be at least 1, got %d", *w.MaxTokens)
 	}
 	if len(w.Messages) == 0 {
@@ -77,9 +90,11 @@ func DecodeRequest(body []byte) (*RequestInfo, *llm.Request, error) {
 	}
 	req := &llm.Request{
 		Model:         w.Model,
-		MaxTokens:     *w.MaxTokens,
 		Temperature:   w.Temperature,
 		StopSequences: w.StopSequences,
+	}
+	if w.MaxTokens != nil {
+		req.MaxTokens = *w.MaxTokens
 	}
 	if req.System, err = decodeSystem(w.System); err != nil {
 		return nil, nil, err

@@ -34,6 +34,10 @@ type RequestInfo struct {
 	User string
 	// ParallelToolCalls is parallel_tool_calls as sent, nil when absent.
 	ParallelToolCalls *bool
+	// MaxTokensParam names the field llm.Request.MaxTokens came from,
+	// max_completion_tokens or max_tokens ("" when neither was sent): an
+	// error about it names the field the caller used.
+	MaxTokensParam string
 	// Ignored lists the top-level fields that were present but that Bulwark
 	// does not carry over (top_p, seed, response_format, …), sorted.
 	Ignored []string
@@ -94,12 +98,12 @@ func DecodeRequest(body []byte) (*RequestInfo, *llm.Request, error) {
 	req := &llm.Request{Model: w.Model, Temperature: w.Temperature}
 	switch {
 	case w.MaxCompletionTokens != nil:
-		req.MaxTokens = *w.MaxCompletionTokens
+		req.MaxTokens, info.MaxTokensParam = *w.MaxCompletionTokens, "max_completion_tokens"
 	case w.MaxTokens != nil:
-		req.MaxTokens = *w.MaxTokens
+		req.MaxTokens, info.MaxTokensParam = *w.MaxTokens, "max_tokens"
 	}
 	if req.MaxTokens < 0 {
-		return nil, nil, fmt.Errorf("max_completion_tokens: must not be negative, got %d", req.MaxTokens)
+		return nil, nil, fmt.Errorf("%s: must not be negative, got %d", info.MaxTokensParam, req.MaxTokens)
 	}
 	if req.StopSequences, err = decodeStop(w.Stop); err != nil {
 		return nil, nil, err

@@ -48,7 +48,7 @@ func TestDecodeRequestShapes(t *testing.T) {
 				{"role":"user","content":"hi"}]}`,
 			Want: &llm.Request{Model: "gpt-4o", MaxTokens: 77, System: "Be brief.", StopSequences: []string{"END"},
 				Messages: []llm.Message{{Role: llm.RoleUser, Content: []llm.Block{text("hi")}}}},
-			WantInfo: &RequestInfo{Model: "gpt-4o"},
+			WantInfo: &RequestInfo{Model: "gpt-4o", MaxTokensParam: "max_tokens"},
 		},
 		{
 			Name: "parts content, two system messages, max_completion_tokens wins, stream options, tool calls with null content",
@@ -84,7 +84,7 @@ func TestDecodeRequestShapes(t *testing.T) {
 					}},
 					{Role: llm.RoleUser, Content: []llm.Block{{Type: llm.BlockToolResult, ToolUseID: "c3", Text: "done"}}},
 				}},
-			WantInfo: &RequestInfo{Model: "gpt-4o", Stream: true, IncludeUsage: true, User: "u-1",
+			WantInfo: &RequestInfo{Model: "gpt-4o", Stream: true, IncludeUsage: true, User: "u-1", MaxTokensParam: "max_completion_tokens",
 				Metadata: json.RawMessage(`{"team":"ota"}`), ParallelToolCalls: new(false), Ignored: []string{"seed", "top_p"}},
 		},
 	})

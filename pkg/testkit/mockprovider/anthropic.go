@@ -174,6 +174,11 @@ func (anthropicWire) parse(body []byte) (*call, *apiError) {
 	case req.Temperature != nil && (*req.Temperature < 0 || *req.Temperature > 1):
 		return nil, invalid("temperature: Input should be between 0 and 1")
 	}
+	if limit, ok := MaxOutputTokens(req.Model); ok && *req.MaxTokens > limit {
+		// Anthropic's wording (as quoted in BerriAI/litellm#15715).
+		return nil, invalid("max_tokens: %d > %d, which is the maximum allowed number of output tokens for %s",
+			*req.MaxTokens, limit, req.Model)
+	}
 
 	c := &conversation{maxTokens: *req.MaxTokens, stops: req.StopSequences, choice: choiceAuto}
 	inputBytes := 0

@@ -296,6 +296,15 @@ func (chatWire) parse(body []byte) (*call, *apiError) {
 	if req.MaxCompletionTokens != nil {
 		reserve, cut = *req.MaxCompletionTokens, true
 	}
+	if limit, ok := MaxOutputTokens(req.Model); ok && cut && reserve > limit {
+		// OpenAI's wording (as quoted in ChatGPTNextWeb/NextChat#3195).
+		param := "max_tokens"
+		if req.MaxCompletionTokens != nil {
+			param = "max_completion_tokens"
+		}
+		return nil, &apiError{kind: errInvalid, param: param, message: fmt.Sprintf(
+			"%s is too large: %d. This model supports at most %d completion tokens, whereas you provided %d.", param, reserve, limit, reserve)}
+	}
 	c.maxTokens = reserve
 	if !cut {
 		c.maxTokens = 1 << 30 // no limit asked: never cut the answer

@@ -123,17 +123,22 @@ func TestChatInvalidRequests(t *testing.T) {
 		status  int
 		errType string
 		msg     string
+		param   string // "": null
 	}{
-		{"no key", "", chatText("x", 5), 401, "invalid_request_error", "API key"},
-		{"no model", "k", map[string]any{"messages": user}, 400, "invalid_request_error", "model"},
-		{"no messages", "k", map[string]any{"model": "m", "messages": []any{}}, 400, "invalid_request_error", "messages"},
-		{"bad role", "k", map[string]any{"model": "m", "messages": []any{map[string]any{"role": "robot", "content": "x"}}}, 400, "invalid_request_error", "role"},
-		{"tool without id", "k", map[string]any{"model": "m", "messages": []any{map[string]any{"role": "tool", "content": "x"}}}, 400, "invalid_request_error", "tool_call_id"},
-		{"max_tokens 0", "k", map[string]any{"model": "m", "max_tokens": 0, "messages": user}, 400, "invalid_request_error", "max_tokens"},
-		{"temperature", "k", map[string]any{"model": "m", "temperature": 2.5, "messages": user}, 400, "invalid_request_error", "temperature"},
-		{"stream not a boolean", "k", map[string]any{"model": "m", "stream": "yes", "messages": user}, 400, "invalid_request_error", "stream"},
-		{"bad tool type", "k", map[string]any{"model": "m", "messages": user, "tools": []any{map[string]any{"type": "web"}}}, 400, "invalid_request_error", "tools"},
-		{"bad json", "k", "[", 400, "invalid_request_error", "JSON"},
+		{"no key", "", chatText("x", 5), 401, "invalid_request_error", "API key", ""},
+		{"no model", "k", map[string]any{"messages": user}, 400, "invalid_request_error", "model", ""},
+		{"no messages", "k", map[string]any{"model": "m", "messages": []any{}}, 400, "invalid_request_error", "messages", ""},
+		{"bad role", "k", map[string]any{"model": "m", "messages": []any{map[string]any{"role": "robot", "content": "x"}}}, 400, "invalid_request_error", "role", ""},
+		{"tool without id", "k", map[string]any{"model": "m", "messages": []any{map[string]any{"role": "tool", "content": "x"}}}, 400, "invalid_request_error", "tool_call_id", ""},
+		{"max_tokens 0", "k", map[string]any{"model": "m", "max_tokens": 0, "messages": user}, 400, "invalid_request_error", "max_tokens", ""},
+		{"temperature", "k", map[string]any{"model": "m", "temperature": 2.5, "messages": user}, 400, "invalid_request_error", "temperature", ""},
+		{"stream not a boolean", "k", map[string]any{"model": "m", "stream": "yes", "messages": user}, 400, "invalid_request_error", "stream", ""},
+		{"bad tool type", "k", map[string]any{"model": "m", "messages": user, "tools": []any{map[string]any{"type": "web"}}}, 400, "invalid_request_error", "tools", ""},
+		{"bad json", "k", "[", 400, "invalid_request_error", "JSON", ""},
+		{"max_tokens above gpt-4o's", "k", map[string]any{"model": "gpt-4o-2024-08-06", "max_tokens": 16_385, "messages": user}, 400, "invalid_request_error",
+			"max_tokens is too large: 16385. This model supports at most 16384 completion tokens", "max_tokens"},
+		{"max_completion_tokens above gpt-4o-mini's", "k", map[string]any{"model": "gpt-4o-mini", "max_completion_tokens": 20_000, "messages": user}, 400,
+			"invalid_request_error", "max_completion_tokens is too large: 20000.", "max_completion_tokens"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -144,8 +149,12 @@ func TestChatInvalidRequests(t *testing.T) {
 			if e.Error.Type != tt.errType || !strings.Contains(e.Error.Message, tt.msg) {
 				t.Errorf("body = %s, want %s mentioning %q", r.body, tt.errType, tt.msg)
 			}
-			if !strings.Contains(string(r.body), `"param":null`) {
-				t.Errorf("body lacks param:null: %s", r.body)
+			param := "null"
+			if tt.param != "" {
+				param = `"` + tt.param + `"`
+			}
+			if !strings.Contains(string(r.body), `"param":`+param) {
+				t.Errorf("body lacks param:%s: %s", param, r.body)
 			}
 		})
 	}
