@@ -237,7 +237,8 @@ func (c *Config) TenantsByToken() map[string]intake.Tenant {
 	for _, t := range c.Tenants {
 		out[strings.ToLower(t.TokenSHA256)] = intake.Tenant{Name: t.Name, DefaultPriority: t.DefaultPriority,
 			MaxPriority: t.MaxPriority, RateLimitRPM: t.RateLimitRPM, MaxQueued: t.MaxQueued,
-			MaxStreams: t.MaxStreams, MaxSyncWaits: t.MaxSyncWaits, DefaultLayer: t.DefaultLayer}
+			MaxStreams: t.MaxStreams, MaxSyncWaits: t.MaxSyncWaits, MaxReadsPerSecond: t.MaxReadsPerSecond,
+			DefaultLayer: t.DefaultLayer}
 	}
 	return out
 }

@@ -482,6 +482,12 @@ type Tenant struct {
 	// MaxSyncWaits bounds its compat requests waiting for their answer per
 	// API process. Default 100; -1 = unlimited.
 	MaxSyncWaits int `yaml:"max_sync_waits"`
+	// MaxReadsPerSecond bounds its reads per API process: GET of a
+	// request or a model, event streams opened, token counts (a burst of
+	// two seconds' worth). Default 500 (a fleet polling its results
+	// every few seconds fits; a loop without a pause does not); -1 =
+	// unlimited.
+	MaxReadsPerSecond int `yaml:"max_reads_per_second"`
 	// MaxStoredBytes is its Redis budget: what its requests may hold in
 	// Redis at once — records queued, running and ended (kept
 	// server.result_ttl), their event streams and its outcomes waiting in

@@ -65,15 +65,16 @@ const (
 	AlertThrottleDefault           = alert.ThrottleDefault
 	// ProbeMarginDefault is how much longer than the longest provider
 	// timeout breaker.probe_timeout defaults to.
-	ProbeMarginDefault          = 30 * time.Second
-	AlertIntervalDefault        = 30 * time.Second
-	ReportAtDefault             = "08:00"
-	TenantRPMDefault            = 1200
-	HistoryRetentionDefault     = 30 * 24 * time.Hour
-	HistoryFlushTimeoutDefault  = history.FlushTimeoutDefault
-	TenantMaxStreamsDefault     = 200
-	TenantMaxSyncWaitsDefault   = 100
-	TenantMaxStoredBytesDefault = 256 << 20
+	ProbeMarginDefault             = 30 * time.Second
+	AlertIntervalDefault           = 30 * time.Second
+	ReportAtDefault                = "08:00"
+	TenantRPMDefault               = 1200
+	HistoryRetentionDefault        = 30 * 24 * time.Hour
+	HistoryFlushTimeoutDefault     = history.FlushTimeoutDefault
+	TenantMaxStreamsDefault        = 200
+	TenantMaxSyncWaitsDefault      = 100
+	TenantMaxStoredBytesDefault    = 256 << 20
+	TenantMaxReadsPerSecondDefault = 500
 )
 
 // SyncTimeoutDefault is server.sync_timeout's default: queue_max_wait plus
@@ -201,6 +202,7 @@ func (c *Config) setDefaults() {
 		orDefault(&t.MaxStreams, TenantMaxStreamsDefault)
 		orDefault(&t.MaxSyncWaits, TenantMaxSyncWaitsDefault)
 		orDefault(&t.MaxStoredBytes, TenantMaxStoredBytesDefault)
+		orDefault(&t.MaxReadsPerSecond, TenantMaxReadsPerSecondDefault)
 		// One tenant may fill the queue; among several none may take more
 		// than half of it.
 		share := c.Queue.MaxDepth

@@ -296,7 +296,7 @@ func (c *Config) validateTenants(add func(field, format string, args ...any)) {
 		for _, l := range []struct {
 			name string
 			v    int
-		}{{"rate_limit_rpm", t.RateLimitRPM}, {"max_queued", t.MaxQueued}, {"max_streams", t.MaxStreams}, {"max_sync_waits", t.MaxSyncWaits}} {
+		}{{"rate_limit_rpm", t.RateLimitRPM}, {"max_queued", t.MaxQueued}, {"max_streams", t.MaxStreams}, {"max_sync_waits", t.MaxSyncWaits}, {"max_reads_per_second", t.MaxReadsPerSecond}} {
 			if l.v < -1 {
 				add(field+"."+l.name, "must be > 0, or -1 for unlimited")
 			}

@@ -201,6 +201,7 @@ type Server struct {
 	// streams and waits count each tenant's open event streams and
 	// synchronous compat waits (intake.Tenant.MaxStreams, MaxSyncWaits).
 	streams, waits *gate
+	reads          *readLimits // intake.Tenant.MaxReadsPerSecond
 	// readiness is /readyz's cached check, shared by both listeners.
 	readiness *recent.Value[readiness]
 }
@@ -210,7 +211,7 @@ type Server struct {
 // otherwise). Both serve the health endpoints.
 func New(cfg Config, d Deps) (api, admin http.Handler) {
 	cfg = cfg.WithDefaults()
-	s := &Server{cfg: cfg, d: d, streams: newGate(), waits: newGate(),
+	s := &Server{cfg: cfg, d: d, streams: newGate(), waits: newGate(), reads: newReadLimits(),
 		readiness: newReadiness(d.Ready, d.Degradable)}
 
 	r := s.engine()
@@ -251,15 +252,15 @@ func (s *Server) publicRoutes(r *gin.Engine) {
 	r.GET("/openapi.json", serveOpenAPI)
 	v1 := r.Group("/v1", s.limitBody, s.auth)
 	v1.POST("/requests", s.submit)
-	v1.GET("/requests/:id", s.get)
-	v1.GET("/requests/:id/events", s.events)
+	v1.GET("/requests/:id", s.readLimit, s.get)
+	v1.GET("/requests/:id/events", s.readLimit, s.events)
 	v1.DELETE("/requests/:id", s.cancel)
 	if s.d.Models != nil {
 		v1.POST("/chat/completions", s.openAIChat)
 		v1.POST("/messages", s.anthropicMessages)
-		v1.POST("/messages/count_tokens", s.countTokens)
-		v1.GET("/models", s.listModels)
-		v1.GET("/models/:id", s.getModel)
+		v1.POST("/messages/count_tokens", s.readLimit, s.countTokens)
+		v1.GET("/models", s.readLimit, s.listModels)
+		v1.GET("/models/:id", s.readLimit, s.getModel)
 	}
 }
 
@@ -327,6 +328,19 @@ const (
 	ctxTenant    = "bulwark.tenant"
 	ctxRequestID = "bulwark.request_id"
 )
+
+// readLimit holds a tenant to its reads per second on this process
+// (intake.Tenant.MaxReadsPerSecond): 429 with Retry-After past it.
+func (s *Server) readLimit(c *gin.Context) {
+	t := tenantOf(c)
+	if s.reads.allow(t.Name, t.MaxReadsPerSecond) {
+		c.Next()
+		return
+	}
+	setRetryAfter(c, time.Second)
+	routeError(c, http.StatusTooManyRequests, "tenant_read_rate_limited",
+		fmt.Sprintf("this tenant reads more than %d times a second on this server; poll less often, or follow the request's event stream", t.MaxReadsPerSecond))
+}
 
 // limitBody caps request bodies; reading past the cap fails with
 // *http.MaxBytesError, answered 413.

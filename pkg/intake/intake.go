@@ -36,7 +36,10 @@ type Tenant struct {
 	// compat requests per API process (enforced by pkg/httpapi); <= 0:
 	// unlimited.
 	MaxStreams, MaxSyncWaits int
-	DefaultLayer             string
+	// MaxReadsPerSecond bounds its reads (GET of a request, a model, an
+	// event stream opened) per API process (pkg/httpapi); <= 0: unlimited.
+	MaxReadsPerSecond int
+	DefaultLayer      string
 }
 
 // Submission is a request as the caller asked for it.

@@ -132,7 +132,7 @@ providers:
 %s
 models: {gpt-4o: openai/gpt4o, claude-sonnet: claude/sonnet}
 tenants:
-  - {name: demo, token: %q, max_priority: critical, rate_limit_rpm: -1, max_queued: -1, max_streams: -1, max_sync_waits: -1}
+  - {name: demo, token: %q, max_priority: critical, rate_limit_rpm: -1, max_queued: -1, max_streams: -1, max_sync_waits: -1, max_reads_per_second: -1}
   - {name: other, token: "other-token", max_priority: critical}
 %s
 %s

@@ -158,3 +158,33 @@ func TestTenantStorageBudget(t *testing.T) {
 		api.waitStatus(t, id, 30*time.Second, "completed")
 	}
 }
+
+// Reads are bounded per tenant and API process: a tenant polling in a
+// loop gets 429 with Retry-After once its burst is spent, and another
+// tenant reads on.
+func TestTenantReadLimit(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{extraYML: "cache: {enabled: false}",
+		tenantYML: `{name: poller, token: "poller-token", max_priority: critical, max_reads_per_second: 5}`})
+	api := s.startAPI()
+	_, out, _ := call(t, "POST", api.ts.URL+"/v1/requests", "poller-token", ask("poll me"))
+	id := out["id"].(string)
+	refused := 0
+	for range 40 { // well past the burst of 10, in far less than the 6 s it would refill in
+		code, out, hdr := call(t, "GET", api.ts.URL+"/v1/requests/"+id, "poller-token", nil)
+		if code == http.StatusTooManyRequests {
+			errObj, _ := out["error"].(map[string]any)
+			if errObj["type"] != "tenant_read_rate_limited" || hdr.Get("Retry-After") == "" {
+				t.Fatalf("refused read: %v (Retry-After %q)", out, hdr.Get("Retry-After"))
+			}
+			refused++
+		}
+	}
+	if refused < 20 {
+		t.Fatalf("%d of 40 reads in a burst refused, want most past the first 10", refused)
+	}
+	mine := api.submit(t, ask("another tenant reads"))
+	if code, out, _ := call(t, "GET", api.ts.URL+"/v1/requests/"+mine, devToken, nil); code != http.StatusOK {
+		t.Fatalf("another tenant's read: %d %v", code, out)
+	}
+}

@@ -542,7 +542,7 @@ models: {gpt-4o-mini: openai/gpt4o-mini}
 keys:
 %s%s
 tenants:
-  - {name: storm, token: %q, max_priority: critical, max_streams: -1, max_sync_waits: -1}
+  - {name: storm, token: %q, max_priority: critical, max_streams: -1, max_sync_waits: -1, max_reads_per_second: -1}
 `, sc.Name, apiPort, adminToken, redisSection, dsn, workerExtra, mockURL, mockURL, keys.String(), cache, tenantToken)
 }
 
@@ -559,7 +559,7 @@ log: {format: json, level: info}
 %skeys:
 %scache: {enabled: false}
 tenants:
-  - {name: storm, token: %q, max_priority: critical, max_streams: -1, max_sync_waits: -1}
+  - {name: storm, token: %q, max_priority: critical, max_streams: -1, max_sync_waits: -1, max_reads_per_second: -1}
 `, sc.Name, apiPort, adminToken, redisSection, dsn, mixedProvidersYAML(mockURL), mixedKeysYAML(), tenantToken)
 }
 
