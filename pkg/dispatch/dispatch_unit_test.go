@@ -443,3 +443,28 @@ func TestUnitCompletionAfterCancel(t *testing.T) {
 		t.Fatal("the cancellation was overwritten")
 	}
 }
+
+// A request that asked for its model's limit (no max_tokens, OpenAI's
+// way) is metered at the default and sent to Anthropic with the model's
+// limit, which Anthropic requires; OpenAI gets no max_tokens at all
+// (pkg/provider/openai, TestEncodeRequestWithoutMaxTokens).
+func TestUnitDefaultMaxTokensPerProvider(t *testing.T) {
+	t.Parallel()
+	h := newHarness(t, func(c *Config) {
+		c.OutputLimit = func(r llm.Route) int { return map[llm.Route]int{sonnet: 64_000, gpt4o: 16_384}[r] }
+	})
+	h.claude.then(failWith(llm.ClassOverloaded))
+	rec := h.submit(func(r *job.Record) { r.Job.Request.MaxTokens, r.Job.Request.MaxTokensDefault = 1024, true })
+	if err := h.process(t.Context(), rec.Job.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.claude.maxTokensSent(); !slices.Equal(got, []int{64_000}) {
+		t.Errorf("claude sent max_tokens %v, want its model's 64000", got)
+	}
+	if got := h.openai.maxTokensSent(); !slices.Equal(got, []int{1024}) {
+		t.Errorf("openai was given max_tokens %v, want the 1024 estimate (its encoder sends none)", got)
+	}
+	if end := h.only(); end.Status != job.StatusCompleted || end.State.MaxTokensClamped != nil {
+		t.Fatalf("ending %s, clamped %+v; want completed, not clamped", end.Status, end.State.MaxTokensClamped)
+	}
+}

@@ -223,6 +223,12 @@ func (d *Dispatcher) callRoute(ctx context.Context, rec *job.Record, r llm.Route
 	client := d.cfg.Clients[r.Provider]
 	req.Model = d.cfg.ModelName(r)
 	clamped := d.clampMaxTokens(&req, r)
+	if req.MaxTokensDefault && r.Provider == llm.ProviderClaude && d.cfg.OutputLimit != nil {
+		// Anthropic requires max_tokens: the model's limit, which it also
+		// meters (its OTPM is estimated from max_tokens), so the estimate
+		// below reserves it too. OpenAI is sent none (llm.Request).
+		req.MaxTokens = d.cfg.OutputLimit(r)
+	}
 	// Split: an Anthropic key meters the prompt and max_tokens apart.
 	est := llm.EstimateRequest(&req)
 	var lastErr error

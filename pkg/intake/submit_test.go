@@ -350,9 +350,10 @@ func TestCancel(t *testing.T) {
 
 // Each route has its own max_tokens limit: up to it a request is
 // accepted, above it refused with an OutputLimitError naming both
-// numbers; a request without max_tokens gets the default, or its route's
-// limit when it asks for the model's maximum (OpenAI's Chat Completions);
-// the operator's ceiling lowers every route.
+// numbers; a request without max_tokens gets the default, and when it
+// asks for the model's maximum (OpenAI's Chat Completions) is marked so
+// (llm.Request.MaxTokensDefault) and metered at the default; the
+// operator's ceiling lowers every route.
 func TestSubmitOutputLimits(t *testing.T) {
 	t.Parallel()
 	limits := func(ceiling int) func(*intake.Config) {
@@ -375,9 +376,9 @@ func TestSubmitOutputLimits(t *testing.T) {
 		{"gpt-4o above its own", 0, gpt4o, 16_385, false, 0, 16_384},
 		{"a route without a limit of its own", 0, haiku, intake.OutputLimitDefault + 1, false, 0, intake.OutputLimitDefault},
 		{"none asked: the default", 0, sonnet, 0, false, 1024, 0},
-		{"none asked: the model's maximum", 0, gpt4o, 0, true, 16_384, 0},
+		{"none asked: the model's maximum, metered at the default", 0, gpt4o, 0, true, 1024, 0},
 		{"under the operator's ceiling", 32_000, sonnet, 32_001, false, 0, 32_000},
-		{"the model's maximum under the ceiling", 32_000, sonnet, 0, true, 32_000, 0},
+		{"the model's maximum, metered at the default under the ceiling", 1000, sonnet, 0, true, 1000, 0},
 	} {
 		r := newRig(limits(tt.ceiling))
 		s := ask("q")
@@ -394,8 +395,9 @@ func TestSubmitOutputLimits(t *testing.T) {
 			t.Errorf("%s: %v", tt.name, err)
 			continue
 		}
-		if got := r.jobs.record(t, a.ID).Job.Request.MaxTokens; got != tt.want {
-			t.Errorf("%s: stored max_tokens %d, want %d", tt.name, got, tt.want)
+		req := r.jobs.record(t, a.ID).Job.Request
+		if req.MaxTokens != tt.want || req.MaxTokensDefault != tt.modelMax {
+			t.Errorf("%s: stored max_tokens %d (default %v), want %d (%v)", tt.name, req.MaxTokens, req.MaxTokensDefault, tt.want, tt.modelMax)
 		}
 	}
 }

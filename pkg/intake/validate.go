@@ -236,7 +236,11 @@ func (in *Intake) settleMaxTokens(req *llm.Request, s Submission) error {
 	limit := in.cfg.OutputLimit(s.Route)
 	switch {
 	case req.MaxTokens == 0 && s.ModelMaxTokens:
-		req.MaxTokens = limit
+		// The model's limit, as OpenAI gives a call without max_tokens;
+		// metered at the default (llm.Request.MaxTokensDefault): reserving
+		// 16k tokens of a key's TPM for each such call would cut its
+		// calls a minute tenfold.
+		req.MaxTokens, req.MaxTokensDefault = min(in.cfg.DefaultMaxTokens, limit), true
 	case req.MaxTokens == 0:
 		req.MaxTokens = min(in.cfg.DefaultMaxTokens, limit)
 	case req.MaxTokens < 0:

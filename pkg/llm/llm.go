@@ -164,6 +164,14 @@ type Request struct {
 	System        string      `json:"system,omitempty"`
 	Messages      []Message   `json:"messages"`
 	MaxTokens     int         `json:"max_tokens"`
+	// MaxTokensDefault says the caller gave no max_tokens and asked for
+	// its model's limit, as OpenAI's API does when none is sent. MaxTokens
+	// is then Bulwark's estimate of the answer, for metering; an OpenAI
+	// call is sent no max_tokens at all (the model's own limit applies,
+	// and OpenAI does not count a limit nobody set against the key's
+	// TPM), and a call to an API that requires one is sent its model's
+	// limit (pkg/dispatch).
+	MaxTokensDefault bool `json:"max_tokens_default,omitempty"`
 	Temperature   *float64    `json:"temperature,omitempty"`
 	StopSequences []string    `json:"stop_sequences,omitempty"`
 	Tools         []Tool      `json:"tools,omitempty"`

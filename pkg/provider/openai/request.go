@@ -371,9 +371,12 @@ func encodeRequest(req *llm.Request, stream bool) ([]byte, error) {
 	out := outRequest{
 		Model:               req.Model,
 		Messages:            make([]outMessage, 0, len(req.Messages)+1),
-		MaxCompletionTokens: max(req.MaxTokens, 0),
+		MaxCompletionTokens: max(req.MaxTokens, 0), // omitted when zero
 		Temperature:         req.Temperature,
 		Stop:                req.StopSequences,
+	}
+	if req.MaxTokensDefault {
+		out.MaxCompletionTokens = 0 // the caller set none: the model's limit, as called directly
 	}
 	if req.System != "" {
 		out.Messages = append(out.Messages, outMessage{Role: "system", Content: req.System})

@@ -2,6 +2,7 @@ package openai
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"bulwark/pkg/llm"
@@ -167,4 +168,27 @@ var errorTypes = map[int]string{
 	500: "server_error",
 	503: "service_unavailable_error",
 	529: "server_error",
+}
+
+// A request whose caller set no max_tokens is sent none: the model's own
+// limit applies, as when called directly, and OpenAI meters no limit
+// nobody set. One that set it is sent max_completion_tokens.
+func TestEncodeRequestWithoutMaxTokens(t *testing.T) {
+	t.Parallel()
+	req := &llm.Request{Model: "gpt-4o", MaxTokens: 1024, MaxTokensDefault: true,
+		Messages: []llm.Message{{Role: llm.RoleUser, Content: []llm.Block{{Type: llm.BlockText, Text: "hi"}}}}}
+	for _, tt := range []struct {
+		defaulted bool
+		want      string
+	}{{true, ""}, {false, `"max_completion_tokens":1024`}} {
+		req.MaxTokensDefault = tt.defaulted
+		b, err := EncodeRequest(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		has := strings.Contains(string(b), "max_completion_tokens") || strings.Contains(string(b), `"max_tokens"`)
+		if tt.want == "" && has || tt.want != "" && !strings.Contains(string(b), tt.want) {
+			t.Errorf("defaulted %v: sent %s, want %q", tt.defaulted, b, tt.want)
+		}
+	}
 }
