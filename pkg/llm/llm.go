@@ -160,10 +160,10 @@ type ToolChoice struct {
 type Request struct {
 	// Model is the provider's concrete model name (e.g. "claude-sonnet-4-5"),
 	// filled from the tier's configuration just before the call.
-	Model         string      `json:"model,omitempty"`
-	System        string      `json:"system,omitempty"`
-	Messages      []Message   `json:"messages"`
-	MaxTokens     int         `json:"max_tokens"`
+	Model     string    `json:"model,omitempty"`
+	System    string    `json:"system,omitempty"`
+	Messages  []Message `json:"messages"`
+	MaxTokens int       `json:"max_tokens"`
 	// MaxTokensDefault says the caller gave no max_tokens and asked for
 	// its model's limit, as OpenAI's API does when none is sent. MaxTokens
 	// is then Bulwark's estimate of the answer, for metering; an OpenAI
@@ -171,11 +171,11 @@ type Request struct {
 	// and OpenAI does not count a limit nobody set against the key's
 	// TPM), and a call to an API that requires one is sent its model's
 	// limit (pkg/dispatch).
-	MaxTokensDefault bool `json:"max_tokens_default,omitempty"`
-	Temperature   *float64    `json:"temperature,omitempty"`
-	StopSequences []string    `json:"stop_sequences,omitempty"`
-	Tools         []Tool      `json:"tools,omitempty"`
-	ToolChoice    *ToolChoice `json:"tool_choice,omitempty"`
+	MaxTokensDefault bool        `json:"max_tokens_default,omitempty"`
+	Temperature      *float64    `json:"temperature,omitempty"`
+	StopSequences    []string    `json:"stop_sequences,omitempty"`
+	Tools            []Tool      `json:"tools,omitempty"`
+	ToolChoice       *ToolChoice `json:"tool_choice,omitempty"`
 }
 
 // StopReason says why the model stopped, in Anthropic's vocabulary (OpenAI's
