@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"bulwark/pkg/llm"
+	"bulwark/pkg/provider/openai"
 	"bulwark/pkg/testkit/wiretest"
 )
 
@@ -42,6 +43,29 @@ func FuzzDecodeAnthropicRequest(f *testing.F) {
 	})
 }
 
+// FuzzDecodeResponsesRequest fuzzes the body decoder of the
+// OpenAI-compatible POST /v1/responses (see fuzzDecode), from its own
+// seeds: it has no golden requests, being no provider's wire.
+func FuzzDecodeResponsesRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"gpt-4o","input":"hi"}`,
+		`{"model":"gpt-4o","instructions":"be brief","max_output_tokens":10,"input":[{"role":"developer","content":"d"},{"type":"message","role":"user","content":[{"type":"input_text","text":"a"},{"type":"input_image","image_url":"x"}]}]}`,
+		`{"model":"m","input":[{"role":"user","content":"u"},{"role":"assistant","content":[{"type":"output_text","text":"t"}]},{"type":"function_call","call_id":"c1","name":"f","arguments":""},{"type":"function_call_output","call_id":"c1","output":"[tool error] boom"},{"role":"user","content":"more"}]}`,
+		`{"model":"m","input":[{"type":"function_call_output","call_id":"c1","output":[{"type":"input_text","text":"r"}]}],"tools":[{"type":"function","name":"f","parameters":{"type":"object"},"strict":true}],"tool_choice":{"type":"function","name":"f"}}`,
+		`{"model":"m","input":"x","tools":[{"type":"web_search"}],"tool_choice":"required"}`,
+		`{"model":"m","input":[{"type":"item_reference","id":"msg_1"}],"previous_response_id":null,"background":false,"store":true}`,
+		`{"model":"m","input":[{"type":"function_call","call_id":"c","name":"f","arguments":"[]"}],"max_output_tokens":-1}`,
+		`{"model":"m","input":[]}`,
+		`[]`,
+	} {
+		f.Add([]byte(s))
+	}
+	fuzzDecodeWith(f, "responses", func(b []byte) (*llm.Request, error) {
+		_, r, err := openai.DecodeResponsesRequest(b)
+		return r, err
+	})
+}
+
 // fuzzDecode fuzzes one compat endpoint's decoder. It returns an error or a
 // request that the rest of Bulwark can carry: at least one message, only
 // user and assistant turns, only text, tool_use (in assistant turns, with an
@@ -71,8 +95,13 @@ func fuzzDecode(f *testing.F, name string, extra []string) {
 	for _, s := range extra {
 		f.Add([]byte(s))
 	}
+	fuzzDecodeWith(f, name, from.decodeRequest)
+}
+
+// fuzzDecodeWith is fuzzDecode's test, of decode, from the seeds f has.
+func fuzzDecodeWith(f *testing.F, name string, decode func([]byte) (*llm.Request, error)) {
 	f.Fuzz(func(t *testing.T, body []byte) {
-		req, err := from.decodeRequest(body)
+		req, err := decode(body)
 		if err != nil {
 			if req != nil || err.Error() == "" {
 				t.Fatalf("decode: a request %v with the error %q", req, err)
