@@ -23,17 +23,17 @@ import (
 	"bulwark/pkg/queue"
 )
 
-// The compat endpoints speak the OpenAI Chat Completions and Anthropic
-// Messages APIs, so an existing SDK adopts Bulwark by changing its base
-// URL. They run the same five layers as the async API and answer
-// synchronously: they wait up to SyncTimeout for the result (by default
-// as long as the request may wait in line, and its call take); past it
-// they answer 429 still_queued with Retry-After and the request id in
-// X-Bulwark-Request-Id. The caller may fetch the result
-// (GET /v1/requests/{id}) or simply resend the call, as the SDKs' own
-// retries do: a resend while the request has not ended joins it
-// (pkg/intake, join.go) and waits for the same answer. Bulwark's own
-// knobs travel in headers:
+// The compat endpoints speak the OpenAI Chat Completions, OpenAI Responses
+// (its stateless subset) and Anthropic Messages APIs, so an existing SDK
+// adopts Bulwark by changing its base URL. They run the same five layers
+// as the async API and answer synchronously: they wait up to SyncTimeout
+// for the result (by default as long as the request may wait in line,
+// and its call take); past it they answer 429 still_queued with
+// Retry-After and the request id in X-Bulwark-Request-Id. The caller may
+// fetch the result (GET /v1/requests/{id}) or simply resend the call, as
+// the SDKs' own retries do: a resend while the request has not ended
+// joins it (pkg/intake, join.go) and waits for the same answer. Bulwark's
+// own knobs travel in headers:
 //
 //	X-Bulwark-Priority         critical|high|normal|low or 1-4
 //	X-Bulwark-Case-Id          diagnosis case (cache invalidation)
@@ -152,6 +152,31 @@ var anthropicDialect = dialect{
 	event: "error",
 }
 
+// responsesDialect is OpenAI's Responses API, stateless (see
+// openai.DecodeResponsesRequest): its answers are response objects, its
+// streams named events, its errors those of Chat Completions.
+var responsesDialect = dialect{
+	name:     "responses",
+	idPrefix: "resp_",
+	decode: func(body []byte) (answering, *llm.Request, error) {
+		info, req, err := openai.DecodeResponsesRequest(body)
+		if err != nil {
+			return answering{}, nil, err
+		}
+		return answering{model: info.Model, stream: info.Stream, maxTokensParam: "max_output_tokens"}, req, nil
+	},
+	modelMaxTokens: true,
+	tooManyTokens: func(a answering, e *intake.OutputLimitError) []byte {
+		return openai.EncodeMaxTokensError(a.maxTokensParam, e.Asked, e.Limit)
+	},
+	encode: openai.EncodeResponsesResponse,
+	stream: func(w io.Writer, id string, a answering) streamWriter {
+		return openai.NewResponsesStreamWriter(w, id, a.model)
+	},
+	error: openai.EncodeError,
+	event: "error",
+}
+
 func openAIError(c *gin.Context, status int, code, msg string) {
 	c.Data(status, "application/json", openai.EncodeError(status, code, msg))
 	c.Abort()
@@ -164,12 +189,32 @@ func anthropicError(c *gin.Context, status int, code, msg string) {
 
 func (s *Server) openAIChat(c *gin.Context)        { s.compat(c, openAIDialect) }
 func (s *Server) anthropicMessages(c *gin.Context) { s.compat(c, anthropicDialect) }
+func (s *Server) openAIResponses(c *gin.Context)   { s.compat(c, responsesDialect) }
+
+// streamFailer is a stream writer that ends its stream on an error in a
+// shape of its own (the Responses API's error and response.failed events
+// are numbered in the stream's sequence), rather than as the dialect's
+// error object in a data line.
+type streamFailer interface {
+	Fail(code, message string) error
+}
+
+// ctxStream holds the streamWriter of a streaming compat call, for fail.
+const ctxStream = "bulwark.stream"
 
 func (d dialect) fail(c *gin.Context, status int, code, msg string) {
 	if c.Writer.Written() {
 		// A stream already under way (its headers went out while the
 		// request waited): the error ends it, as the provider's own
 		// streams end on an error.
+		if sw, ok := c.Get(ctxStream); ok {
+			if f, ok := sw.(streamFailer); ok {
+				_ = f.Fail(code, msg) // the caller may be gone; nothing else to tell it
+				c.Writer.Flush()
+				c.Abort()
+				return
+			}
+		}
 		d.failStream(c.Writer, status, code, msg)
 		c.Abort()
 		return
@@ -248,7 +293,9 @@ func (s *Server) compat(c *gin.Context, d dialect) {
 	c.Header("X-Bulwark-Request-Id", a.ID)
 	var sw *countingWriter
 	if ans.stream {
-		sw = &countingWriter{streamWriter: d.stream(c.Writer, d.idPrefix+followed(a), ans)}
+		inner := d.stream(c.Writer, d.idPrefix+followed(a), ans)
+		c.Set(ctxStream, inner)
+		sw = &countingWriter{streamWriter: inner}
 	}
 	wait := func(a *intake.Accepted) (*job.Record, error) {
 		if sw != nil && a.Ended == nil {

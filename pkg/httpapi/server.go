@@ -257,6 +257,7 @@ func (s *Server) publicRoutes(r *gin.Engine) {
 	v1.DELETE("/requests/:id", s.cancel)
 	if s.d.Models != nil {
 		v1.POST("/chat/completions", s.openAIChat)
+		v1.POST("/responses", s.openAIResponses)
 		v1.POST("/messages", s.anthropicMessages)
 		v1.POST("/messages/count_tokens", s.readLimit, s.countTokens)
 		v1.GET("/models", s.readLimit, s.listModels)
@@ -359,7 +360,7 @@ func (s *Server) limitBody(c *gin.Context) {
 // for errors found before the handler runs (body limit, auth).
 func routeError(c *gin.Context, status int, code, msg string) {
 	switch c.FullPath() {
-	case "/v1/chat/completions":
+	case "/v1/chat/completions", "/v1/responses":
 		openAIError(c, status, code, msg)
 	case "/v1/messages", "/v1/messages/count_tokens":
 		anthropicError(c, status, code, msg)

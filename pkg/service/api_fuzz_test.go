@@ -130,13 +130,15 @@ var fuzzEndpoints = []fuzzEndpoint{
 	{name: "async", path: "/v1/requests", idPrefix: "req_"},
 	{name: "openai", path: "/v1/chat/completions", idPrefix: "chatcmpl-"},
 	{name: "anthropic", path: "/v1/messages", idPrefix: "msg_"},
+	{name: "responses", path: "/v1/responses", idPrefix: "resp_"},
 	{name: "admin", path: "/admin/cache/invalidate", admin: true},
 }
 
 // FuzzAPIBody posts one fuzzed body, with fuzzed X-Bulwark-Priority,
 // X-Bulwark-Cache and Idempotency-Key headers, to every endpoint that
-// decodes a client's JSON: the async API, the OpenAI- and
-// Anthropic-compatible endpoints and the admin cache invalidation, on a
+// decodes a client's JSON: the async API, the OpenAI- (Chat Completions
+// and Responses) and Anthropic-compatible endpoints and the admin cache
+// invalidation, on a
 // real API over Redis and PostgreSQL with a worker behind it. Every answer
 // is below 500, in the endpoint's own format (an error names its cause in
 // error.message), and shows no token or provider key; a request the async
@@ -153,6 +155,8 @@ func FuzzAPIBody(f *testing.F) {
 		{`{"model":"gpt-4o","messages":[{"role":"system","content":"s"},{"role":"user","content":"hello"}],"tools":[{"type":"function","function":{"name":"fetch_logs"}}]}`, "critical", "bypass", ""},
 		{`{"model":"claude-sonnet","max_tokens":50,"stream":true,"messages":[{"role":"user","content":[{"type":"text","text":"hey"}]}]}`, "2", "", ""},
 		{`{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"s"}]}`, "", "no-read", ""},
+		{`{"model":"gpt-4o","instructions":"s","input":[{"role":"user","content":"run fetch_logs"},{"type":"function_call","call_id":"c1","name":"fetch_logs","arguments":"{}"},{"type":"function_call_output","call_id":"c1","output":"ok"}],"tools":[{"type":"function","name":"fetch_logs"}],"stream":true}`, "", "bypass", ""},
+		{`{"model":"gpt-4o","input":"hi","previous_response_id":"resp_1","store":true}`, "", "", ""},
 		{`{"provider":"claude","model_tier":"sonnet","messages":[{"role":"user","content":"a\u0000b"}]}`, "", "", ""},
 		{`{"provider":"claude","model_tier":"sonnet","priority":"urgent","messages":[{"role":"user","content":[{"type":"image"}]}]}`, "P9", "weird", ""},
 		{`{"model":"claude-sonnet","max_tokens":1000000,"temperature":3,"messages":[{"role":"user","content":"x"}]}`, "", "", strings.Repeat("k", 300)},
@@ -200,7 +204,7 @@ func FuzzAPIBody(f *testing.F) {
 func checkAnswer(t *testing.T, ep fuzzEndpoint, status int, hdr http.Header, body []byte) {
 	t.Helper()
 	if status/100 == 2 && strings.HasPrefix(hdr.Get("Content-Type"), "text/event-stream") {
-		if ep.name != "openai" && ep.name != "anthropic" || !bytes.Contains(body, []byte("data: ")) {
+		if ep.name == "async" || ep.name == "admin" || !bytes.Contains(body, []byte("data: ")) {
 			t.Fatalf("%s: a stream without events: %s", ep.name, body)
 		}
 		return

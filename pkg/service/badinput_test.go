@@ -74,6 +74,7 @@ func TestBadInput(t *testing.T) {
 	const (
 		async  = "/v1/requests"
 		openai = "/v1/chat/completions"
+		resps  = "/v1/responses"
 		anthro = "/v1/messages"
 		events = "/v1/requests/{queued}/events"
 	)
@@ -147,6 +148,13 @@ func TestBadInput(t *testing.T) {
 
 		// The OpenAI-compatible endpoint.
 		{name: "openai: malformed JSON", path: openai, auth: dev, body: `{"model":`, status: 400, msg: "invalid JSON at byte"},
+		{name: "responses: malformed JSON", path: resps, auth: dev, body: `{"model":`, status: 400, msg: "invalid JSON at byte"},
+		{name: "responses: input of the wrong shape", path: resps, auth: dev, body: `{"model":"gpt-4o","input":{"role":"user"}}`, status: 400, msg: "input: must be a string or an array of items"},
+		{name: "responses: previous_response_id", path: resps, auth: dev, body: `{"model":"gpt-4o","input":"x","previous_response_id":"resp_1"}`, status: 400, msg: "previous_response_id: not supported: Bulwark answers statelessly"},
+		{name: "responses: background", path: resps, auth: dev, body: `{"model":"gpt-4o","input":"x","background":true}`, status: 400, msg: "background: true is not supported"},
+		{name: "responses: built-in tool", path: resps, auth: dev, body: `{"model":"gpt-4o","input":"x","tools":[{"type":"web_search"}]}`, status: 400, msg: `tools[0].type: "web_search" is not supported`},
+		{name: "responses: item_reference", path: resps, auth: dev, body: `{"model":"gpt-4o","input":[{"type":"item_reference","id":"msg_1"}]}`, status: 400, msg: "item_reference is not supported"},
+		{name: "responses: no token", path: resps, body: `{"model":"gpt-4o","input":"x"}`, status: 401, msg: "missing client token"},
 		{name: "openai: missing model", path: openai, auth: dev, body: `{"messages":[{"role":"user","content":"x"}]}`, status: 400, msg: "model: required"},
 		{name: "openai: unknown model", path: openai, auth: dev, body: `{"model":"gpt-9","messages":[{"role":"user","content":"x"}]}`, status: 404, msg: `unknown model "gpt-9"`},
 		{name: "openai: missing messages", path: openai, auth: dev, body: `{"model":"gpt-4o"}`, status: 400, msg: "messages: at least one message is required"},

@@ -148,6 +148,31 @@ func TestOpenAPIAgainstRealAnswers(t *testing.T) {
 	d.do(t, "POST /v1/chat/completions", u+"/v1/chat/completions", chat("x", nil), withTenant("X-Bulwark-Cache", "sometimes")...).want(t, 400)
 	d.do(t, "POST /v1/chat/completions", u+"/v1/chat/completions", chat("x", nil)).want(t, 401)
 
+	// OpenAI Responses: plain, tool call, streamed (text, tool call), errors.
+	respIn := func(input any, extra map[string]any) map[string]any {
+		b := map[string]any{"model": "gpt-4o", "input": input}
+		for k, v := range extra {
+			b[k] = v
+		}
+		return b
+	}
+	rsTools := []map[string]any{{"type": "function", "name": "fetch_logs", "parameters": map[string]any{"type": "object"}}}
+	d.do(t, "POST /v1/responses", u+"/v1/responses", respIn("openapi: response", map[string]any{"instructions": "be brief"}), tenant...).want(t, 200)
+	d.do(t, "POST /v1/responses", u+"/v1/responses", respIn("run fetch_logs", map[string]any{"tools": rsTools}), tenant...).want(t, 200)
+	d.do(t, "POST /v1/responses", u+"/v1/responses", respIn([]map[string]any{
+		{"role": "user", "content": "run fetch_logs"},
+		{"type": "function_call", "call_id": "call_1", "name": "fetch_logs", "arguments": "{}"},
+		{"type": "function_call_output", "call_id": "call_1", "output": "ok"}}, map[string]any{"tools": rsTools}), tenant...).want(t, 200)
+	d.do(t, "POST /v1/responses", u+"/v1/responses", respIn("openapi: response stream", map[string]any{"stream": true}), tenant...).
+		want(t, 200).events(t, "response.created", "response.in_progress", "response.output_item.added", "response.content_part.added",
+		"response.output_text.delta", "response.output_text.done", "response.content_part.done", "response.output_item.done", "response.completed")
+	d.do(t, "POST /v1/responses", u+"/v1/responses", respIn("run fetch_logs", map[string]any{"stream": true, "tools": rsTools, "max_output_tokens": 64}),
+		withTenant("X-Bulwark-Cache", "bypass")...).
+		want(t, 200).events(t, "response.function_call_arguments.delta", "response.function_call_arguments.done", "response.completed")
+	d.do(t, "POST /v1/responses", u+"/v1/responses", respIn("x", map[string]any{"model": "gpt-9"}), tenant...).want(t, 404)
+	d.do(t, "POST /v1/responses", u+"/v1/responses", respIn("x", map[string]any{"previous_response_id": "resp_1"}), tenant...).want(t, 400)
+	d.do(t, "POST /v1/responses", u+"/v1/responses", respIn("x", nil)).want(t, 401)
+
 	// Anthropic-compatible, with the token in x-api-key as its SDK sends it.
 	key := []string{"x-api-key", devToken}
 	msg := func(prompt string, extra map[string]any) map[string]any {
@@ -192,6 +217,7 @@ func TestOpenAPIAgainstRealAnswers(t *testing.T) {
 	// Above the model's maximum: each provider's own 400.
 	d.do(t, "POST /v1/messages", u+"/v1/messages", msg("x", map[string]any{"max_tokens": 64_001}), key...).want(t, 400)
 	d.do(t, "POST /v1/chat/completions", u+"/v1/chat/completions", chat("x", map[string]any{"max_tokens": 16_385}), tenant...).want(t, 400)
+	d.do(t, "POST /v1/responses", u+"/v1/responses", respIn("x", map[string]any{"max_output_tokens": 16_385}), tenant...).want(t, 400)
 
 	// Admin: reads, writes and their refusals.
 	d.do(t, "GET /admin/keys", u+"/admin/keys", nil, admin...).want(t, 200)
