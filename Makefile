@@ -83,6 +83,7 @@ FUZZ_TARGETS = \
 	pkg/config:FuzzParse \
 	pkg/provider:FuzzDecodeOpenAIRequest \
 	pkg/provider:FuzzDecodeAnthropicRequest \
+	pkg/provider:FuzzDecodeResponsesRequest \
 	pkg/service:FuzzAPIBody \
 	pkg/service:FuzzLastEventID \
 	pkg/history:FuzzStoredRecord \
