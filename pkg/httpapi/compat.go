@@ -62,6 +62,9 @@ type dialect struct {
 	// provider answered.
 	idPrefix string
 	decode   func(body []byte) (answering, *llm.Request, error)
+	// itemRefs resolves the Responses API's item_reference input items
+	// from the tenant's earlier answers before decode (itemref.go).
+	itemRefs bool
 	// modelMaxTokens gives a call without max_tokens its model's maximum
 	// (intake.Submission.ModelMaxTokens).
 	modelMaxTokens bool
@@ -158,6 +161,7 @@ var anthropicDialect = dialect{
 var responsesDialect = dialect{
 	name:     "responses",
 	idPrefix: "resp_",
+	itemRefs: true,
 	decode: func(body []byte) (answering, *llm.Request, error) {
 		info, req, err := openai.DecodeResponsesRequest(body)
 		if err != nil {
@@ -256,6 +260,13 @@ func (s *Server) compat(c *gin.Context, d dialect) {
 	if err := checkUTF8(body); err != nil {
 		d.fail(c, http.StatusBadRequest, "invalid_request", err.Error())
 		return
+	}
+	if d.itemRefs {
+		var err error
+		if body, err = s.resolveItemRefs(c.Request.Context(), tenantOf(c).Name, body); err != nil {
+			d.fail(c, http.StatusBadRequest, "invalid_request", err.Error())
+			return
+		}
 	}
 	ans, req, err := d.decode(body)
 	if err != nil {

@@ -153,7 +153,7 @@ func TestBadInput(t *testing.T) {
 		{name: "responses: previous_response_id", path: resps, auth: dev, body: `{"model":"gpt-4o","input":"x","previous_response_id":"resp_1"}`, status: 400, msg: "previous_response_id: not supported: Bulwark answers statelessly"},
 		{name: "responses: background", path: resps, auth: dev, body: `{"model":"gpt-4o","input":"x","background":true}`, status: 400, msg: "background: true is not supported"},
 		{name: "responses: built-in tool", path: resps, auth: dev, body: `{"model":"gpt-4o","input":"x","tools":[{"type":"web_search"}]}`, status: 400, msg: `tools[0].type: "web_search" is not supported`},
-		{name: "responses: item_reference", path: resps, auth: dev, body: `{"model":"gpt-4o","input":[{"type":"item_reference","id":"msg_1"}]}`, status: 400, msg: "item_reference is not supported"},
+		{name: "responses: item_reference to no answer", path: resps, auth: dev, body: `{"model":"gpt-4o","input":[{"type":"item_reference","id":"msg_1"}]}`, status: 400, msg: `input[0].id: "msg_1" is not an output item of one of this tenant's answers`},
 		{name: "responses: no token", path: resps, body: `{"model":"gpt-4o","input":"x"}`, status: 401, msg: "missing client token"},
 		{name: "openai: missing model", path: openai, auth: dev, body: `{"messages":[{"role":"user","content":"x"}]}`, status: 400, msg: "model: required"},
 		{name: "openai: unknown model", path: openai, auth: dev, body: `{"model":"gpt-9","messages":[{"role":"user","content":"x"}]}`, status: 404, msg: `unknown model "gpt-9"`},

@@ -141,3 +141,64 @@ func streamResponse(t *testing.T, c openai.Client, params responses.ResponseNewP
 	}
 	return final
 }
+
+// An earlier answer's output item may be named instead of sent again
+// (item_reference, what the AI SDK sends for earlier assistant turns by
+// default): it is read from the tenant's own answer and becomes the
+// assistant turn of the new request. A reference to another tenant's
+// answer, or to none, is a 400 that says so.
+func TestResponsesItemReference(t *testing.T) {
+	t.Parallel()
+	s := newSystem(t, opts{extraYML: "cache: {enabled: false}",
+		tenantYML: `{name: stranger, token: "stranger-token", max_priority: critical}`})
+	api := s.startAPI()
+	s.startWorker()
+	c := openAIAt(api, devToken)
+	ctx := context.Background()
+	first, err := c.Responses.New(ctx, responses.ResponseNewParams{Model: "gpt-4o",
+		Input: responses.ResponseNewParamsInputUnion{OfString: openai.String("what failed on car 7?")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	turns := func(ref string) responses.ResponseNewParams {
+		return responses.ResponseNewParams{Model: "gpt-4o", Input: responses.ResponseNewParamsInputUnion{OfInputItemList: []responses.ResponseInputItemUnionParam{
+			responses.ResponseInputItemParamOfMessage("what failed on car 7?", responses.EasyInputMessageRoleUser),
+			responses.ResponseInputItemParamOfItemReference(ref),
+			responses.ResponseInputItemParamOfMessage("and how do I fix it?", responses.EasyInputMessageRoleUser)}}}
+	}
+	var hdr *http.Response
+	second, err := c.Responses.New(ctx, turns(first.Output[0].ID), ooption.WithResponseInto(&hdr))
+	if err != nil || second.OutputText() != mockprovider.Reply("and how do I fix it?") {
+		t.Fatalf("with a reference to %s: %v %v (%s)", first.Output[0].ID, err, second, errorBody(err))
+	}
+	rec, err := api.base.Jobs.Get(ctx, hdr.Header.Get("X-Bulwark-Request-Id"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := rec.Job.Request.Messages; len(m) != 3 || m[1].Role != "assistant" || m[1].Content[0].Text != first.OutputText() {
+		t.Fatalf("the request asked the provider %+v; want the referenced answer as its assistant turn", m)
+	}
+	var apiErr *openai.Error
+	for name, tt := range map[string]struct {
+		client openai.Client
+		ref    string
+	}{
+		"another tenant's answer": {openAIAt(api, "stranger-token"), first.Output[0].ID},
+		"no answer":               {c, "msg_req_nothing_0"},
+		"past the answer's items": {c, strings.TrimSuffix(first.Output[0].ID, "_0") + "_9"},
+	} {
+		_, err := tt.client.Responses.New(ctx, turns(tt.ref))
+		if !errors.As(err, &apiErr) || apiErr.StatusCode != 400 || !strings.Contains(apiErr.Message, "not an output item of one of this tenant's answers") {
+			t.Errorf("%s: %v, want a 400 saying so", name, err)
+		}
+	}
+}
+
+// errorBody is the JSON of an OpenAI SDK error, for failure messages.
+func errorBody(err error) string {
+	var e *openai.Error
+	if errors.As(err, &e) {
+		return e.RawJSON()
+	}
+	return ""
+}

@@ -13,9 +13,10 @@ import (
 // The Responses API (POST /v1/responses) is OpenAI's newer chat API, the
 // one the AI SDK's default OpenAI model and OpenAI's newer clients call.
 // Bulwark speaks its stateless subset: the conversation travels whole in
-// input, as in Chat Completions. What needs state on the server
-// (previous_response_id, conversation, item_reference items, background
-// runs) and what needs OpenAI's own tools (web_search, file_search, …) is
+// input, as in Chat Completions (item_reference items naming the
+// tenant's own earlier answers are resolved into the items themselves by
+// pkg/httpapi before decoding). What needs state on the server
+// (previous_response_id, conversation, background runs) and what needs OpenAI's own tools (web_search, file_search, …) is
 // refused with a 400 naming the parameter, rather than answered as though
 // the caller had not asked for it.
 
@@ -223,7 +224,7 @@ func (d *inputDecoder) item(path string, it wireRespItem) (text string, isSystem
 	case "function_call_output":
 		return "", false, d.functionOutput(path, it)
 	case "item_reference":
-		return "", false, fmt.Errorf("%s.type: item_reference is not supported: Bulwark stores no responses, so send the item itself (with the AI SDK: providerOptions.openai.store = false)", path)
+		return "", false, fmt.Errorf("%s.type: item_reference is not supported here: send the item itself", path)
 	case "reasoning":
 		return "", false, fmt.Errorf("%s.type: reasoning items are not supported: Bulwark's answers carry none; leave them out", path)
 	default:
